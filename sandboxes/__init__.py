@@ -1,0 +1,23 @@
+"""Where untrusted code runs: one protocol (:class:`Sandbox`), several backends.
+
+``sandboxes`` knows nothing of tasks or rewards: it is given a repository, a commit and an
+environment spec, and runs commands there.
+"""
+
+from .base import (
+    EnvironmentBuildError,
+    ExecResult,
+    PathOutsideWorkspaceError,
+    Sandbox,
+    SandboxClosedError,
+    SandboxError,
+)
+from .environments import EnvironmentSpec
+from .limits import ResourceLimits
+from .local import LocalSandbox, SandboxSpec, reap_stale_sandboxes
+
+__all__ = [
+    "EnvironmentBuildError", "EnvironmentSpec", "ExecResult", "LocalSandbox",
+    "PathOutsideWorkspaceError", "ResourceLimits", "Sandbox", "SandboxClosedError", "SandboxError",
+    "SandboxSpec", "reap_stale_sandboxes",
+]

@@ -1,0 +1,96 @@
+"""The sandbox protocol: what every backend (local, docker, ray) offers the gym.
+
+A sandbox holds one repository checkout (the *workspace*) at a base commit, with the task's
+environment ready, and runs untrusted commands in it. The gym never touches a backend's internals:
+it only calls the methods of :class:`Sandbox`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command.
+
+    ``output`` is stdout and stderr interleaved, decoded as UTF-8 (invalid bytes replaced) and capped:
+    when the command printed more than the limit, the head and the tail are kept around a visible
+    truncation marker and ``truncated`` is set.
+    """
+
+    exit_code: int
+    output: str
+    timed_out: bool
+    duration: float
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class SandboxError(RuntimeError):
+    """An infrastructure failure: the sandbox could not be built or stopped working.
+
+    Raised for faults that are not the agent's doing (an environment that fails to build, a
+    workspace that cannot be created, a crashed backend). Graders report it apart from agent
+    failure so that a trainer can mask the sample instead of scoring it 0.
+    """
+
+
+class EnvironmentBuildError(SandboxError):
+    """The task's environment (interpreter, packages, install steps) could not be built."""
+
+
+class SandboxClosedError(SandboxError):
+    """An operation was attempted on a sandbox after ``close()``."""
+
+
+class PathOutsideWorkspaceError(ValueError):
+    """A file path given to ``read_file``/``write_file`` points outside the sandbox's workspace."""
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """A repository workspace at a base commit where untrusted commands run.
+
+    ``workdir`` is the workspace's path as commands inside the sandbox see it (``/testbed`` when
+    isolated). File paths given to ``read_file``/``write_file`` are relative to it, or absolute
+    inside it.
+    """
+
+    workdir: str
+    base_commit: str
+
+    def exec(
+        self,
+        command: str,
+        timeout: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run ``command`` with bash in the workspace; kill its whole process tree on timeout."""
+        ...
+
+    def read_file(self, path: str) -> bytes:
+        """Return the bytes of a file in the workspace."""
+        ...
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """Create or overwrite a file in the workspace (parent directories are created)."""
+        ...
+
+    def diff(self) -> str:
+        """The workspace's change against ``base_commit`` as a git diff (new files included)."""
+        ...
+
+    def reset(self) -> None:
+        """Put the workspace back to the pristine base commit and kill every process."""
+        ...
+
+    def close(self) -> None:
+        """Free everything the sandbox holds. Idempotent."""
+        ...

@@ -1,0 +1,217 @@
+"""Task environments: a venv per environment spec, built once, cached, shared read-only.
+
+The spec is what SWE-bench keeps outside a task row (Python version, packages, install steps).
+Its hash names the cache entry, so every task of a repository/version that shares a spec shares one
+venv. Building honours the host's pip configuration (index, CA bundle, proxies), because pip runs
+with the host's environment and configuration files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
+from .base import EnvironmentBuildError
+from .locks import file_lock
+from .paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+BUILD_TIMEOUT = 1800.0
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """How to build the environment a repository's tests run in.
+
+    ``python`` is a PEP 440 constraint (``">=3.9"``) or a bare version (``"3.11"``). ``pre_install``
+    runs first, then ``packages`` are pip-installed, then ``install`` runs in a checkout of the
+    repository (at ``/testbed`` when isolated) — e.g. ``pip install -e .``.
+    """
+
+    python: str = ">=3.8"
+    packages: tuple[str, ...] = ()
+    pre_install: tuple[str, ...] = ()
+    install: tuple[str, ...] = ()
+
+    def specifier(self) -> SpecifierSet:
+        text = self.python.strip()
+        if text and text[0].isdigit():
+            text = f"=={text}.*" if text.count(".") < 2 else f"=={text}"
+        try:
+            return SpecifierSet(text)
+        except InvalidSpecifier as exc:
+            raise EnvironmentBuildError(f"invalid python constraint {self.python!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    executable: str
+    version: str
+    base_prefix: str
+
+
+@dataclass(frozen=True)
+class BuiltEnvironment:
+    """A ready venv. ``mounts`` are host paths a sandbox must expose read-only for it to run."""
+
+    key: str
+    venv: Path
+    interpreter: Interpreter
+    mounts: tuple[Path, ...] = field(default=())
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.venv / "bin"
+
+
+def _candidate_executables() -> list[str]:
+    seen: list[str] = [sys.executable]
+    for minor in range(6, 16):
+        found = shutil.which(f"python3.{minor}")
+        if found:
+            seen.append(found)
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    if pyenv.is_dir():
+        seen += [str(p / "bin" / "python3") for p in sorted(pyenv.iterdir())]
+    for prefix in ("/usr/local/bin", "/usr/bin"):
+        seen += [str(p) for p in sorted(Path(prefix).glob("python3.*")) if p.name[8:].isdigit()]
+    out: list[str] = []
+    for exe in seen:
+        if os.access(exe, os.X_OK) and exe not in out:
+            out.append(exe)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _probe(executable: str) -> Interpreter | None:
+    code = "import sys,json;print(json.dumps([sys.version.split()[0], sys.base_prefix]))"
+    try:
+        proc = subprocess.run([executable, "-c", code], capture_output=True, text=True, timeout=20)
+        version, base_prefix = json.loads(proc.stdout)
+        # venv must be importable (Debian splits it into python3-venv).
+        check = subprocess.run([executable, "-c", "import venv, ensurepip"], capture_output=True, timeout=20)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    if check.returncode != 0:
+        return None
+    return Interpreter(os.path.realpath(executable), version, os.path.realpath(base_prefix))
+
+
+def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
+    """The interpreter for ``spec``: this one if it fits, else the newest fitting one on the host."""
+    wanted = spec.specifier()
+    fitting: list[Interpreter] = []
+    for exe in _candidate_executables():
+        interp = _probe(exe)
+        if interp and Version(interp.version) in wanted:
+            if exe == sys.executable:
+                return interp
+            fitting.append(interp)
+    if not fitting:
+        raise EnvironmentBuildError(
+            f"no Python interpreter on this host satisfies {spec.python!r} "
+            f"(looked at {', '.join(_candidate_executables())})"
+        )
+    return max(fitting, key=lambda i: Version(i.version))
+
+
+def environment_key(spec: EnvironmentSpec, interpreter: Interpreter, checkout_id: str | None) -> str:
+    payload = {"spec": asdict(spec), "python": interpreter.version, "exe": interpreter.executable}
+    if spec.install:
+        payload["checkout"] = checkout_id  # install steps read the repository
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def ensure_environment(
+    spec: EnvironmentSpec,
+    *,
+    checkout: Path | None = None,
+    checkout_id: str | None = None,
+    run_install=None,
+) -> BuiltEnvironment:
+    """Return the cached venv for ``spec``, building it first if needed (once, under a lock).
+
+    ``run_install(command, venv, log_file)`` runs one ``install`` step against ``checkout``; the
+    sandbox backend supplies it so that the step sees the repository where tests will see it.
+    """
+    interpreter = find_interpreter(spec)
+    key = environment_key(spec, interpreter, checkout_id)
+    root = cache_dir("envs") / key
+    venv = root / "venv"
+    ready = root / "ready.json"
+    mounts = (Path(interpreter.base_prefix), venv)
+    built = BuiltEnvironment(key, venv, interpreter, mounts)
+    if ready.exists():
+        return built
+    with file_lock(root.with_suffix(".lock")):
+        if ready.exists():
+            return built
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        log_file = root / "build.log"
+        started = time.monotonic()
+        log.info("building environment %s (python %s)", key, interpreter.version)
+        try:
+            _run([interpreter.executable, "-m", "venv", str(venv)], log_file, cwd=root)
+            env = _venv_env(venv)
+            for command in spec.pre_install:
+                _run(["bash", "-c", command], log_file, cwd=checkout or root, env=env)
+            if spec.packages:
+                _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                      "--no-input", *spec.packages], log_file, cwd=root, env=env)
+            for command in spec.install:
+                if checkout is None:
+                    raise EnvironmentBuildError("install steps need a repository checkout")
+                if run_install is not None:
+                    run_install(command, venv, log_file)
+                else:
+                    _run(["bash", "-c", command], log_file, cwd=checkout, env=env)
+        except EnvironmentBuildError:
+            raise
+        except Exception as exc:  # pragma: no cover - unexpected OS errors
+            raise EnvironmentBuildError(f"environment {key} failed to build: {exc}") from exc
+        ready.write_text(json.dumps({"spec": asdict(spec), "python": interpreter.version,
+                                     "seconds": round(time.monotonic() - started, 2)}))
+        log.info("environment %s built in %.1fs", key, time.monotonic() - started)
+    return built
+
+
+def _venv_env(venv: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("PYTHONHOME", None)
+    env["PIP_NO_INPUT"] = "1"
+    return env
+
+
+def _run(argv: list[str], log_file: Path, *, cwd: Path, env: dict[str, str] | None = None) -> None:
+    with log_file.open("ab") as fh:
+        fh.write(f"$ {' '.join(argv)}\n".encode())
+        fh.flush()
+        try:
+            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  cwd=cwd, env=env, timeout=BUILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise EnvironmentBuildError(f"environment step timed out: {' '.join(argv)}") from None
+    if proc.returncode != 0:
+        tail = log_file.read_text(errors="replace")[-3000:]
+        raise EnvironmentBuildError(
+            f"environment step failed (exit {proc.returncode}): {' '.join(argv)}\n"
+            f"log: {log_file}\n{tail}"
+        )

@@ -1,0 +1,144 @@
+"""Namespace isolation with bubblewrap: no network, a read-only host, a private /tmp.
+
+Only what a command needs is mounted: the system's binaries and libraries, a short list of
+``/etc`` files (not ``/etc/shadow``), the interpreter's prefix and the task's venv, all read-only;
+the workspace at ``/testbed`` and the sandbox's own ``/tmp`` are the only writable places. Paths the
+agent must never read (the task catalog with its hidden tests and gold patches, other checkouts)
+are covered with empty tmpfs mounts when they fall under a mounted directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SANDBOX_WORKDIR = "/testbed"
+
+# /etc entries that programs commonly need; everything else in /etc stays invisible.
+ETC_ENTRIES = (
+    "alternatives", "ca-certificates", "ca-certificates.conf", "ssl", "pki", "ld.so.cache",
+    "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "nsswitch.conf", "passwd", "group",
+    "hosts", "host.conf", "resolv.conf", "protocols", "services", "mime.types", "gitconfig",
+    "pip.conf", "xdg", "python3", "python3.11", "bash.bashrc", "profile", "inputrc", "environment",
+    "locale.alias", "locale.gen", "magic", "terminfo",
+)
+TOP_LEVEL_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+@lru_cache(maxsize=1)
+def bwrap_path() -> str | None:
+    """The bubblewrap binary, if it is installed *and* works here (namespaces may be forbidden)."""
+    if os.environ.get("PATCHGYM_NO_BWRAP") == "1":
+        return None
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    probe = [path, "--unshare-all", "--die-with-parent"] + _system_binds() + ["--", "true"]
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        log.warning("bubblewrap is installed but cannot create namespaces here; not using it")
+        return None
+    return path
+
+
+@lru_cache(maxsize=1)
+def sandbox_etc() -> Path:
+    """A copy of the allowed ``/etc`` entries, mounted as ``/etc`` in one bind.
+
+    One mount instead of thirty halves the cost of starting a sandboxed command; the copy is made
+    once per process so that host changes (a new CA bundle) are picked up on the next start.
+    """
+    from .paths import cache_dir
+
+    target = cache_dir("etc") / f"{os.getpid()}-{os.urandom(4).hex()}"
+    target.mkdir(parents=True)
+    atexit.register(shutil.rmtree, target, True)
+    for entry in ETC_ENTRIES:
+        src = Path("/etc") / entry
+        dst = target / entry
+        try:
+            if src.is_symlink() or src.is_file():
+                shutil.copy2(src, dst, follow_symlinks=False)
+            elif src.is_dir():
+                shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("private"))
+        except OSError as exc:
+            log.debug("not copying %s into the sandbox /etc: %s", src, exc)
+    return target
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for name in TOP_LEVEL_SYSTEM_DIRS:
+        host = Path("/") / name
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), str(host)]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), str(host)]
+    return args
+
+
+@dataclass
+class Mounts:
+    """What one bubblewrap invocation mounts besides the system directories."""
+
+    workspace: Path
+    tmp: Path
+    read_only: list[Path] = field(default_factory=list)
+    read_write: list[Path] = field(default_factory=list)
+    hidden: list[Path] = field(default_factory=list)
+    network: bool = False
+
+
+def bwrap_argv(mounts: Mounts, env: dict[str, str], argv: list[str], cwd: str) -> list[str]:
+    """The full command line that runs ``argv`` inside a fresh set of namespaces."""
+    binary = bwrap_path()
+    if binary is None:
+        raise RuntimeError("bubblewrap is not available")
+    args = [binary, "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    args += ["--unshare-user-try", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
+             "--unshare-cgroup-try", "--hostname", "sandbox"]
+    if not mounts.network:
+        args.append("--unshare-net")
+    args += _system_binds()
+    args += ["--ro-bind", str(sandbox_etc()), "/etc"]
+    # /tmp first: the read-only mounts below may live under the host's /tmp and must stay visible.
+    args += ["--bind", str(mounts.tmp), "/tmp"]
+    mounted: list[Path] = [Path("/usr")]
+    for path in mounts.read_only:
+        args += ["--ro-bind", str(path), str(path)]
+        mounted.append(path)
+    for path in mounts.read_write:
+        args += ["--bind", str(path), str(path)]
+        mounted.append(path)
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    args += ["--bind", str(mounts.workspace), SANDBOX_WORKDIR]
+    for secret in mounts.hidden:
+        if any(_is_within(secret, m) for m in mounted) and secret.exists():
+            if secret.is_dir():
+                args += ["--tmpfs", str(secret)]
+            else:
+                args += ["--ro-bind", "/dev/null", str(secret)]
+    args += ["--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    args += ["--chdir", cwd, "--"]
+    return args + argv
+
+
+def _is_within(path: Path, parent: Path) -> bool:
+    try:
+        path.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,211 @@
+"""Resource limits for sandboxed process trees: cgroups where we may create them, rlimits always.
+
+``RLIMIT_NPROC`` does not bind root (the uid these machines and CI run as), so processes are
+bounded with the pids cgroup controller, and memory with the memory controller; both bound the
+whole tree, not one process. Where cgroups cannot be created (no permission, no controller),
+per-process rlimits remain and a warning is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PARENT = "patchgym"
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """Bounds on what one sandbox's processes may use.
+
+    ``cpu_seconds`` and ``file_size_bytes`` are per process (rlimits); ``memory_bytes`` and
+    ``max_processes`` bound the sandbox's whole process tree when cgroups are available.
+    """
+
+    cpu_seconds: int = 900
+    memory_bytes: int = 4 << 30
+    max_processes: int = 512
+    file_size_bytes: int = 1 << 30
+    open_files: int = 4096
+
+
+def apply_rlimits(limits: ResourceLimits, *, cgroups_active: bool) -> None:
+    """Set per-process rlimits in a freshly forked child (called from ``preexec_fn``)."""
+    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if not cgroups_active:
+        # Weaker stand-ins for the cgroup bounds: per process, and NPROC ignores root.
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
+
+
+class ProcessGroup:
+    """A set of cgroups (pids, memory) that one sandbox's processes are placed in.
+
+    ``join_fds`` are opened in the parent so that the forked child only has to ``write`` its pid:
+    no Python-level file handling happens between fork and exec.
+    """
+
+    def __init__(self, limits: ResourceLimits, name: str | None = None) -> None:
+        # The owner's pid in the name lets a reaper tell leftovers of dead processes from live ones.
+        self.name = name or f"sb-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.dirs: dict[str, Path] = {}
+        self._create(limits)
+
+    @property
+    def active(self) -> bool:
+        return "pids" in self.dirs
+
+    def _create(self, limits: ResourceLimits) -> None:
+        if os.environ.get("PATCHGYM_NO_CGROUPS") == "1":
+            return
+        unified = (CGROUP_ROOT / "cgroup.controllers").exists()
+        if unified:
+            self._create_v2(limits)
+        else:
+            self._create_v1(limits)
+
+    def _create_v1(self, limits: ResourceLimits) -> None:
+        for controller, files in {
+            "pids": {"pids.max": str(limits.max_processes)},
+            "memory": {"memory.limit_in_bytes": str(limits.memory_bytes)},
+        }.items():
+            path = CGROUP_ROOT / controller / CGROUP_PARENT / self.name
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                for fname, value in files.items():
+                    (path / fname).write_text(value)
+            except OSError as exc:
+                log.debug("cgroup %s unavailable: %s", path, exc)
+                _rmdir_quiet(path)
+                continue
+            self.dirs[controller] = path
+
+    def _create_v2(self, limits: ResourceLimits) -> None:
+        parent = CGROUP_ROOT / CGROUP_PARENT
+        path = parent / self.name
+        try:
+            parent.mkdir(exist_ok=True)
+            (parent / "cgroup.subtree_control").write_text("+pids +memory")
+            path.mkdir(exist_ok=True)
+            (path / "pids.max").write_text(str(limits.max_processes))
+            (path / "memory.max").write_text(str(limits.memory_bytes))
+        except OSError as exc:
+            log.debug("cgroup v2 %s unavailable: %s", path, exc)
+            _rmdir_quiet(path)
+            return
+        self.dirs["pids"] = path
+        self.dirs["memory"] = path
+
+    def procs_files(self) -> list[str]:
+        return sorted({str(p / "cgroup.procs") for p in self.dirs.values()})
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for f in self.procs_files():
+            try:
+                found.update(int(x) for x in Path(f).read_text().split())
+            except OSError:
+                pass
+        return found
+
+    def kill_all(self, timeout: float = 5.0) -> bool:
+        """SIGKILL every process in the group until none is left; True when it emptied."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pids = self.pids()
+            if not pids:
+                return True
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                log.warning("cgroup %s still has processes %s after kill", self.name, sorted(pids))
+                return False
+            time.sleep(0.005)
+
+    def destroy(self) -> None:
+        self.kill_all()
+        for path in set(self.dirs.values()):
+            for _ in range(50):
+                if _rmdir_quiet(path):
+                    break
+                time.sleep(0.01)
+        self.dirs.clear()
+
+
+def _rmdir_quiet(path: Path) -> bool:
+    try:
+        path.rmdir()
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def make_preexec(limits: ResourceLimits, group: ProcessGroup | None):
+    """Build the ``preexec_fn`` that moves the child into the group's cgroups and sets rlimits."""
+    procs = group.procs_files() if group is not None and group.active else []
+    fds = [os.open(p, os.O_WRONLY) for p in procs]
+
+    def preexec() -> None:
+        pid = str(os.getpid()).encode()
+        for fd in fds:
+            os.write(fd, pid)
+        apply_rlimits(limits, cgroups_active=bool(fds))
+
+    def close_fds() -> None:
+        for fd in fds:
+            os.close(fd)
+
+    return preexec, close_fds
+
+
+def reap_stale_cgroups() -> int:
+    """Kill and remove patchgym cgroups whose owning process is dead; return how many."""
+    removed = 0
+    for base in [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory")] + [
+        CGROUP_ROOT / CGROUP_PARENT
+    ]:
+        if not base.is_dir():
+            continue
+        for child in base.iterdir():
+            owner = _owner_pid(child.name)
+            if owner is None or _pid_alive(owner):
+                continue
+            stale = ProcessGroup.__new__(ProcessGroup)
+            stale.name, stale.dirs = child.name, {"stale": child}
+            stale.destroy()
+            removed += 1
+    return removed
+
+
+def _owner_pid(name: str) -> int | None:
+    parts = name.split("-")
+    if len(parts) == 3 and parts[0] == "sb" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

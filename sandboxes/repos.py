@@ -1,0 +1,103 @@
+"""Pristine checkouts of a repository at a commit, with no history after that commit.
+
+Agents have read fix commits with ``git log --all`` (SWE-bench #465), so a checkout is not a clone:
+a new repository fetches exactly the objects reachable from the base commit out of a cached mirror,
+and keeps one branch, no remote, no tags, no reflog, no FETCH_HEAD. Each sandbox copies the cached
+checkout, which is much faster than fetching again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from .base import SandboxError
+from .locks import file_lock
+from .paths import cache_dir
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# Written to the checkout's .git/info/exclude so bytecode and caches never show up in diffs.
+EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n.patchgym-*\n*.egg-info/\n"
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "patchgym", "GIT_AUTHOR_EMAIL": "agent@patchgym.invalid",
+    "GIT_COMMITTER_NAME": "patchgym", "GIT_COMMITTER_EMAIL": "agent@patchgym.invalid",
+}
+
+
+def git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a trusted git command (never on an agent-controlled repository)."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", **GIT_IDENTITY}
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=600)
+    if check and proc.returncode != 0:
+        raise SandboxError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _source_id(source: str) -> str:
+    resolved = source
+    if "://" not in source and not source.startswith("git@"):
+        path = Path(source).expanduser().resolve()
+        if not path.exists():
+            raise SandboxError(f"repository source not found: {source}")
+        resolved = str(path)
+    return hashlib.sha256(resolved.encode()).hexdigest()[:16]
+
+
+def _mirror(source: str, commit: str) -> Path:
+    """A bare mirror of ``source`` that contains ``commit`` (cloned once, fetched when stale)."""
+    mirror = cache_dir("mirrors") / f"{_source_id(source)}.git"
+    with file_lock(mirror.with_suffix(".lock")):
+        if not mirror.exists():
+            tmp = mirror.with_name(f".{mirror.name}.{uuid.uuid4().hex[:8]}")
+            git("clone", "--quiet", "--mirror", str(source), str(tmp))
+            tmp.rename(mirror)
+        if git("cat-file", "-e", f"{commit}^{{commit}}", cwd=mirror, check=False).returncode != 0:
+            git("fetch", "--quiet", "--prune", str(source), "+refs/*:refs/*", cwd=mirror)
+        if git("cat-file", "-e", f"{commit}^{{commit}}", cwd=mirror, check=False).returncode != 0:
+            raise SandboxError(f"commit {commit} is not in repository {source}")
+    return mirror
+
+
+def pristine_checkout(source: str, commit: str) -> Path:
+    """The cached checkout of ``source`` at ``commit``; build it once (under a lock) if missing."""
+    if not COMMIT_RE.match(commit):
+        raise SandboxError(f"base commit must be a full 40-character sha, got {commit!r}")
+    target = cache_dir("checkouts") / f"{_source_id(source)}-{commit[:16]}"
+    if (target / ".git").is_dir():
+        return target
+    with file_lock(target.with_suffix(".lock")):
+        if (target / ".git").is_dir():
+            return target
+        mirror = _mirror(source, commit)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        try:
+            git("init", "--quiet", "--template=", "-b", "main", str(tmp))
+            git("config", "core.logAllRefUpdates", "false", cwd=tmp)
+            git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", str(mirror), commit, cwd=tmp)
+            git("update-ref", "refs/heads/main", commit, cwd=tmp)
+            git("reset", "--quiet", "--hard", "main", cwd=tmp)
+            git("config", "user.name", GIT_IDENTITY["GIT_AUTHOR_NAME"], cwd=tmp)
+            git("config", "user.email", GIT_IDENTITY["GIT_AUTHOR_EMAIL"], cwd=tmp)
+            info = tmp / ".git" / "info"
+            info.mkdir(exist_ok=True)
+            (info / "exclude").write_text(EXCLUDES)
+            for leftover in ("FETCH_HEAD", "ORIG_HEAD", "logs"):
+                p = tmp / ".git" / leftover
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+            git("gc", "--quiet", "--prune=now", cwd=tmp)
+            tmp.rename(target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def copy_checkout(template: Path, dest: Path) -> None:
+    """Copy a pristine checkout to ``dest`` (a real copy: hard links would let writes leak back)."""
+    shutil.copytree(template, dest, symlinks=True)

@@ -1,0 +1,1 @@
+"""HTTP server for remote trainers (to come: issue 5)."""
