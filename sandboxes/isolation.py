@@ -124,6 +124,9 @@ def bwrap_argv(mounts: Mounts, env: dict[str, str], argv: list[str], cwd: str) -
     args += ["--dev", "/dev", "--proc", "/proc"]
     args += ["--bind", str(mounts.workspace), SANDBOX_WORKDIR]
     for secret in mounts.hidden:
+        if any(_is_within(m, secret) for m in mounted):
+            log.warning("cannot hide %s: a mounted path lies inside it", secret)
+            continue
         if any(_is_within(secret, m) for m in mounted) and secret.exists():
             if secret.is_dir():
                 args += ["--tmpfs", str(secret)]

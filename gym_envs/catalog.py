@@ -1,0 +1,122 @@
+"""Task sets: the bundled catalog or a user's task file, and where each task's repository is."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import tasks as bundled
+
+from .task import Task, TaskFileError, load_tasks
+
+
+class UnknownTaskError(KeyError):
+    """An instance id that is not in the task set."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown task"
+
+
+class TaskSet:
+    """An ordered collection of tasks, looked up by instance id."""
+
+    def __init__(self, tasks: Iterable[Task], origin: str = "") -> None:
+        self._tasks: dict[str, Task] = {}
+        self.origin = origin
+        for task in tasks:
+            if task.instance_id in self._tasks:
+                raise TaskFileError(f"duplicate instance_id {task.instance_id!r} in {origin or 'task set'}")
+            self._tasks[task.instance_id] = task
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks.values())
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self._tasks
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self._tasks)
+
+    def get(self, instance_id: str) -> Task:
+        try:
+            return self._tasks[instance_id]
+        except KeyError:
+            close = [i for i in self._tasks if instance_id.lower() in i.lower()][:5]
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UnknownTaskError(f"unknown instance id {instance_id!r} in {self.origin or 'task set'}{hint}") from None
+
+    def select(self, instance_ids: Iterable[str] | None) -> TaskSet:
+        """The subset with these ids (all when None); unknown ids raise :class:`UnknownTaskError`."""
+        if not instance_ids:
+            return self
+        return TaskSet([self.get(i) for i in dict.fromkeys(instance_ids)], self.origin)
+
+
+def load_task_set(path: str | Path | None = None) -> TaskSet:
+    """Load the bundled catalog (``path=None``), a task file, or every task file in a directory."""
+    if path is None:
+        files = sorted(bundled.INSTANCES_DIR.glob("*.jsonl"))
+        origin = "bundled catalog"
+    else:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            files = sorted([*p.glob("*.jsonl"), *p.glob("*.json")])
+            if not files:
+                raise TaskFileError(f"{p}: no .jsonl or .json task files in this directory")
+        elif p.exists():
+            files = [p]
+        else:
+            raise TaskFileError(f"{p}: no such task file or directory")
+        origin = str(p)
+    return TaskSet((t for f in files for t in load_tasks(f)), origin)
+
+
+def repo_source(task: Task) -> str:
+    """Where git can fetch ``task.repo`` from.
+
+    In order: the row's ``repo_path`` (relative to its task file); a bundle or checkout named after
+    the repository in ``repos/`` beside the task file or its parent; the same in each directory of
+    ``$PATCHGYM_REPOS``; the bundled repositories.
+    """
+    base = task.source_file.parent if task.source_file else Path.cwd()
+    if task.repo_path:
+        if "://" in task.repo_path or task.repo_path.startswith("git@"):
+            return task.repo_path
+        candidate = (base / task.repo_path).resolve()
+        if not candidate.exists():
+            raise TaskFileError(f"{task.instance_id}: repo_path {task.repo_path!r} does not exist ({candidate})")
+        return str(candidate)
+    dirs = [base / "repos", base.parent / "repos"]
+    dirs += [Path(d) for d in os.environ.get("PATCHGYM_REPOS", "").split(os.pathsep) if d]
+    dirs.append(bundled.REPOS_DIR)
+    names = [task.repo.replace("/", "__"), task.repo_name]
+    for d in dirs:
+        for name in names:
+            for candidate in (d / f"{name}.bundle", d / name):
+                if candidate.exists():
+                    return str(candidate.resolve())
+    raise TaskFileError(
+        f"{task.instance_id}: cannot find repository {task.repo!r}; looked for "
+        f"{' or '.join(n + '.bundle' for n in names)} in {', '.join(str(d) for d in dirs)} "
+        "(set repo_path in the task row or PATCHGYM_REPOS)"
+    )
+
+
+def hidden_paths(task: Task) -> tuple[str, ...]:
+    """Host paths a sandbox must hide: the catalog, the task's own file (hidden tests, gold patch)
+    and its repository (later commits)."""
+    paths = {str(bundled.CATALOG_DIR)}
+    if task.source_file is not None:
+        paths.add(str(task.source_file))
+    try:
+        source = repo_source(task)
+        if "://" not in source:
+            paths.add(source)
+    except TaskFileError:
+        pass
+    return tuple(sorted(paths))

@@ -1,0 +1,197 @@
+"""The ``patchgym`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sandboxes import reap_stale_sandboxes
+
+from .backends import BACKENDS, sandbox_factory
+from .catalog import TaskSet, UnknownTaskError, load_task_set
+from .evaluation import evaluate
+from .predictions import EMPTY, GOLD, load_predictions
+from .task import TaskFileError
+from .validation import validate_tasks
+from .verifier import InstanceReport, Verifier
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="SWE-bench-style verifiable-reward environments.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Browse and validate task sets.")
+app.add_typer(tasks_app, name="tasks")
+console = Console(stderr=True)
+out = Console()
+
+TasksOpt = Annotated[Optional[Path], typer.Option("--tasks", help="Task file or directory (default: the bundled catalog).")]
+BackendOpt = Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")]
+IsolationOpt = Annotated[str, typer.Option("--isolation", help="Local backend: auto, bwrap or none.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Instances graded at once.")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _load(tasks: Path | None, ids: list[str] | None = None) -> TaskSet:
+    try:
+        task_set = load_task_set(tasks)
+        wanted = [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]
+        return task_set.select(wanted or None)
+    except (TaskFileError, UnknownTaskError) as exc:
+        _fail(str(exc))
+        raise  # unreachable
+
+
+def _verifier(backend: str, isolation: str) -> Verifier:
+    options = {"isolation": isolation} if backend == "local" else {}
+    try:
+        return Verifier(sandbox_factory(backend, **options))
+    except ValueError as exc:
+        _fail(str(exc))
+        raise
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+
+
+@tasks_app.command("list")
+def tasks_list(tasks: TasksOpt = None) -> None:
+    """List the tasks of a task set."""
+    task_set = _load(tasks)
+    table = Table(title=f"{len(task_set)} tasks ({task_set.origin})")
+    for col in ("instance_id", "repo", "version", "FAIL_TO_PASS", "PASS_TO_PASS", "title"):
+        table.add_column(col, overflow="fold")
+    for t in task_set:
+        title = t.problem_statement.strip().splitlines()[0] if t.problem_statement.strip() else ""
+        table.add_row(t.instance_id, t.repo, t.version, str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), title[:70])
+    out.print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(instance_id: str, tasks: TasksOpt = None,
+               as_json: Annotated[bool, typer.Option("--json", help="Print the whole row as JSON.")] = False) -> None:
+    """Show one task: its bug report, environment and tests."""
+    task = _load(tasks, [instance_id]).get(instance_id)
+    if as_json:
+        out.print_json(json.dumps(task.to_row()))
+        return
+    out.rule(f"[bold]{task.instance_id}")
+    out.print(f"repo: {task.repo}   base_commit: {task.base_commit}   version: {task.version}   created_at: {task.created_at}")
+    out.print(f"environment: python {task.environment.python}; packages: {', '.join(task.environment.packages) or '-'}")
+    out.print(f"test command: {task.test_spec.command}")
+    out.print(f"FAIL_TO_PASS ({len(task.FAIL_TO_PASS)}): " + ", ".join(task.FAIL_TO_PASS))
+    out.print(f"PASS_TO_PASS: {len(task.PASS_TO_PASS)} tests")
+    out.rule("problem statement")
+    out.print(task.problem_statement, markup=False, highlight=False)
+
+
+@tasks_app.command("validate")
+def tasks_validate(
+    instance_ids: Annotated[Optional[list[str]], typer.Argument(help="Ids to validate (default: all).")] = None,
+    tasks: TasksOpt = None,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task (they must agree).")] = 2,
+    workers: WorkersOpt = max(1, os.cpu_count() or 1),
+    backend: BackendOpt = "local",
+    isolation: IsolationOpt = "auto",
+) -> None:
+    """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
+    task_set = _load(tasks, instance_ids)
+    verifier = _verifier(backend, isolation)
+    reap_stale_sandboxes()
+    with _progress() as progress:
+        bar = progress.add_task("validating", total=len(task_set), status="")
+        bad = 0
+
+        def done(r) -> None:
+            nonlocal bad
+            bad += 0 if r.ok else 1
+            progress.update(bar, advance=1, status=f"{bad} problem(s)")
+
+        results = validate_tasks(task_set, verifier, runs=runs, workers=workers, on_done=done)
+    table = Table(title="task validation")
+    for col in ("instance_id", "gold", "empty", "flaky", "seconds", "verdict"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        gold = "/".join("✓" if g else "✗" for g in r.gold_resolved) or "-"
+        empty = "-" if r.empty_resolved is None else ("resolved ✗" if r.empty_resolved else "unresolved ✓")
+        verdict = "[green]ok[/]" if r.ok else "[red]" + "; ".join(r.problems).replace("[", "\\[") + "[/]"
+        table.add_row(r.instance_id, gold, empty, "yes" if r.flaky else "no", f"{r.seconds:.1f}", verdict)
+    out.print(table)
+    failed = [r for r in results if not r.ok]
+    out.print(f"{len(results) - len(failed)}/{len(results)} tasks valid" + (f", {sum(r.flaky for r in results)} flaky" if failed else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("eval")
+def eval_cmd(
+    predictions: Annotated[str, typer.Option("--predictions", help="SWE-bench predictions JSONL, or 'gold' / 'empty'.")],
+    tasks: TasksOpt = None,
+    instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
+    workers: WorkersOpt = max(1, os.cpu_count() or 1),
+    backend: BackendOpt = "local",
+    isolation: IsolationOpt = "auto",
+    output: Annotated[Optional[Path], typer.Option("--output", help="Report directory (default: patchgym-runs/<predictions>).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
+) -> None:
+    """Grade predictions and write SWE-bench-style reports."""
+    task_set = _load(tasks, instance_ids)
+    try:
+        preds = load_predictions(predictions, task_set)
+    except TaskFileError as exc:
+        _fail(str(exc))
+    if not preds:
+        _fail("no predictions for the selected instances")
+    name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
+    output = output or Path("patchgym-runs") / name
+    verifier = _verifier(backend, isolation)
+    reap_stale_sandboxes()
+    counts = {"resolved": 0, "unresolved": 0, "error": 0}
+    with _progress() as progress:
+        bar = progress.add_task("evaluating", total=len(preds), status="")
+
+        def done(report: InstanceReport, resumed: bool) -> None:
+            key = "error" if report.infrastructure_failure else "resolved" if report.resolved else "unresolved"
+            counts[key] += 1
+            progress.update(bar, advance=1, status=" ".join(f"{k} {v}" for k, v in counts.items()))
+
+        summary = evaluate(task_set, preds, output, verifier=verifier, workers=workers, force=force, on_done=done)
+    report = summary.to_dict()
+    table = Table(title=f"evaluation of {name} ({summary.seconds:.1f}s)")
+    table.add_column("")
+    table.add_column("instances", justify="right")
+    for key in ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error"):
+        table.add_row(key.replace("_", " "), str(report[f"{key}_instances"]))
+    if summary.resumed_ids:
+        table.add_row("resumed (not re-run)", str(len(summary.resumed_ids)))
+    out.print(table)
+    for instance_id in report["error_ids"]:
+        out.print(f"[red]error[/] {instance_id}: see {output / instance_id / 'report.json'}")
+    out.print(f"report: {output / 'report.json'}")
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("PATCHGYM_LOG", "WARNING").upper(), format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

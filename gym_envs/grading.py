@@ -1,0 +1,124 @@
+"""Per-test outcomes from pytest's junit XML, and SWE-bench's grading rules on top of them.
+
+Outcomes come from a structured file, never from grepping the log (printing ``PASSED`` fooled
+log parsers, SWE-bench #601). Rules, as in SWE-bench 5.x: PASSED and XFAIL pass; FAILED, ERROR and
+a missing test fail; a SKIPPED FAIL_TO_PASS test fails while a SKIPPED PASS_TO_PASS test is kept.
+"""
+
+from __future__ import annotations
+
+import enum
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+
+class TestStatus(str, enum.Enum):
+    __test__ = False  # not a pytest test class
+
+    PASSED = "PASSED"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+    ERROR = "ERROR"
+    XFAIL = "XFAIL"
+
+
+class JunitError(ValueError):
+    """The junit file is missing or not junit XML."""
+
+
+def _node_id(case: ET.Element) -> str:
+    """Rebuild pytest's node id from a ``<testcase>`` written with ``junit_family=xunit1``."""
+    name = case.get("name", "")
+    file = case.get("file")
+    classname = case.get("classname", "")
+    if not file:
+        return f"{classname}::{name}" if classname else name
+    module = file[:-3].replace("/", ".") if file.endswith(".py") else file.replace("/", ".")
+    rest = classname[len(module):].lstrip(".") if classname.startswith(module) else ""
+    parts = [file, *[p for p in rest.split(".") if p], name]
+    return "::".join(parts)
+
+
+def parse_junit(xml_text: str | bytes) -> dict[str, TestStatus]:
+    """Map each test's node id to its status. Later entries for an id (reruns) win."""
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError as exc:
+        raise JunitError(f"unreadable junit XML: {exc}") from None
+    if root.tag not in ("testsuites", "testsuite"):
+        raise JunitError(f"not a junit document (root element <{root.tag}>)")
+    statuses: dict[str, TestStatus] = {}
+    for case in root.iter("testcase"):
+        node = _node_id(case)
+        children = {child.tag: child for child in case}
+        if "failure" in children:
+            status = TestStatus.FAILED
+        elif "error" in children:
+            status = TestStatus.ERROR
+        elif "skipped" in children:
+            kind = children["skipped"].get("type", "")
+            status = TestStatus.XFAIL if kind == "pytest.xfail" else TestStatus.SKIPPED
+        else:
+            status = TestStatus.PASSED
+        # A test that failed in call and errored in teardown must not end up PASSED.
+        previous = statuses.get(node)
+        if previous in (TestStatus.FAILED, TestStatus.ERROR) and status is TestStatus.PASSED:
+            continue
+        statuses[node] = status
+    return statuses
+
+
+def lookup(test_id: str, statuses: dict[str, TestStatus]) -> TestStatus | None:
+    """The status of ``test_id``; tolerates runner-truncated parametrized ids by unique prefix."""
+    if test_id in statuses:
+        return statuses[test_id]
+    if "[" in test_id:
+        matches = [k for k in statuses if k.startswith(test_id) or test_id.startswith(k)]
+        if len(matches) == 1:
+            return statuses[matches[0]]
+    return None
+
+
+def _f2p_passes(status: TestStatus | None) -> bool:
+    return status in (TestStatus.PASSED, TestStatus.XFAIL)
+
+
+def _p2p_kept(status: TestStatus | None) -> bool:
+    return status in (TestStatus.PASSED, TestStatus.XFAIL, TestStatus.SKIPPED)
+
+
+@dataclass
+class Grade:
+    """SWE-bench's ``tests_status`` and the resolved verdict."""
+
+    tests_status: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    resolved: bool = False
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def f2p_fraction(self) -> float:
+        f2p = self.tests_status.get("FAIL_TO_PASS", {})
+        total = len(f2p.get("success", [])) + len(f2p.get("failure", []))
+        return len(f2p.get("success", [])) / total if total else 0.0
+
+
+def grade(fail_to_pass: list[str], pass_to_pass: list[str], statuses: dict[str, TestStatus]) -> Grade:
+    """Apply the grading rules to the observed ``statuses``.
+
+    FAIL_TO_FAIL and PASS_TO_FAIL are empty: like SWE-bench, this harness runs only the
+    FAIL_TO_PASS and PASS_TO_PASS tests, so nothing is known about the others.
+    """
+    out = Grade()
+    sections = {"FAIL_TO_PASS": (fail_to_pass, _f2p_passes), "PASS_TO_PASS": (pass_to_pass, _p2p_kept)}
+    for key, (ids, ok) in sections.items():
+        success, failure = [], []
+        for test_id in ids:
+            status = lookup(test_id, statuses)
+            if status is None:
+                out.missing.append(test_id)
+            (success if ok(status) else failure).append(test_id)
+        out.tests_status[key] = {"success": success, "failure": failure}
+    out.tests_status["FAIL_TO_FAIL"] = {"success": [], "failure": []}
+    out.tests_status["PASS_TO_FAIL"] = {"success": [], "failure": []}
+    out.resolved = not out.tests_status["FAIL_TO_PASS"]["failure"] and not out.tests_status["PASS_TO_PASS"]["failure"]
+    return out

@@ -1,0 +1,177 @@
+"""The reward: grade a patch for a task the way SWE-bench does, hardened against gaming.
+
+1. A fresh sandbox at ``base_commit`` (never the agent's own, so nothing it left running matters).
+2. The agent's diff, minus every change to tests, test configuration and files the test patch
+   touches, applied with ``git apply`` (falling back to ``patch --fuzz``).
+3. The test patch applied; exactly FAIL_TO_PASS + PASS_TO_PASS run, outcomes read from junit XML
+   written to a path the agent cannot predict, and cross-checked with the runner's exit code.
+4. A report in SWE-bench's fields, with infrastructure failures (environment build, sandbox crash)
+   kept apart from the agent's, so a trainer can mask them instead of scoring them 0.
+
+A test run that times out is the agent's failure (reward 0), not infrastructure: otherwise a
+policy could learn to hang whenever it is unsure and have the sample masked.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from sandboxes import Sandbox, SandboxError
+
+from .backends import SandboxFactory, make_sandbox
+from .grading import JunitError, grade, parse_junit
+from .patches import filter_agent_patch, split_diff, touched_paths
+from .task import Task
+
+log = logging.getLogger(__name__)
+
+PATCH_FILE = ".patchgym-patch.diff"
+LOG_LIMIT = 512 * 1024
+
+
+class InstanceReport(BaseModel):
+    """One instance's grade: SWE-bench's per-instance report fields plus what patchgym adds."""
+
+    instance_id: str
+    model_name_or_path: str | None = None
+    patch_is_None: bool = False
+    patch_exists: bool = False
+    patch_successfully_applied: bool = False
+    resolved: bool = False
+    tests_status: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
+    # patchgym additions
+    reward: float = 0.0
+    infrastructure_failure: bool = False
+    infrastructure_failure_reason: str | None = None
+    ignored_paths: list[str] = Field(default_factory=list, description="agent changes dropped before grading")
+    apply_method: str | None = None
+    test_exit_code: int | None = None
+    test_timed_out: bool = False
+    results_consistent: bool = True
+    missing_tests: list[str] = Field(default_factory=list)
+    duration_seconds: float = 0.0
+    test_output: str = Field("", exclude=True, description="the test run's log (written apart from the report)")
+    error: str | None = None
+
+    def swebench_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class Verifier:
+    """Grades patches for tasks in fresh sandboxes made by ``factory``."""
+
+    def __init__(self, factory: SandboxFactory | None = None, *, partial_credit: bool = False) -> None:
+        self.factory = factory or (lambda task: make_sandbox(task))
+        self.partial_credit = partial_credit
+
+    def verify(self, task: Task, patch: str | None, *, model_name: str | None = None,
+               run_empty: bool = False) -> InstanceReport:
+        """Grade ``patch`` for ``task``. ``run_empty`` runs the tests even for an empty patch."""
+        start = time.monotonic()
+        report = InstanceReport(instance_id=task.instance_id, model_name_or_path=model_name)
+        report.patch_is_None = patch is None
+        report.patch_exists = bool(patch and patch.strip())
+        if not report.patch_exists and not run_empty:
+            report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
+            return report
+        sandbox: Sandbox | None = None
+        try:
+            sandbox = self.factory(task)
+            self._grade_in(sandbox, task, patch or "", report)
+        except SandboxError as exc:
+            report.infrastructure_failure = True
+            report.infrastructure_failure_reason = f"{type(exc).__name__}: {exc}"
+            report.resolved = False
+            log.warning("%s: infrastructure failure: %s", task.instance_id, exc)
+        finally:
+            if sandbox is not None:
+                try:
+                    sandbox.close()
+                except Exception as exc:  # a close failure must not hide the grade
+                    log.warning("%s: sandbox close failed: %s", task.instance_id, exc)
+            report.duration_seconds = round(time.monotonic() - start, 3)
+        report.reward = self._reward(report, task)
+        return report
+
+    def _reward(self, report: InstanceReport, task: Task) -> float:
+        if report.resolved:
+            return 1.0
+        if not self.partial_credit or not report.patch_successfully_applied:
+            return 0.0
+        status = report.tests_status
+        if status.get("PASS_TO_PASS", {}).get("failure"):
+            return 0.0
+        passed = len(status.get("FAIL_TO_PASS", {}).get("success", []))
+        return passed / len(task.FAIL_TO_PASS)
+
+    def _grade_in(self, sandbox: Sandbox, task: Task, patch: str, report: InstanceReport) -> None:
+        protected = touched_paths(task.test_patch)
+        if patch.strip():
+            to_apply, dropped = filter_agent_patch(patch, protected)
+            report.ignored_paths = dropped
+            if not split_diff(patch):
+                report.error = "the patch is not a unified diff"
+                return
+            if to_apply:
+                method = apply_patch(sandbox, to_apply)
+                if method is None:
+                    report.error = "the patch does not apply to the base commit"
+                    return
+                report.apply_method = method
+        report.patch_successfully_applied = True
+        if apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
+            raise SandboxError("the task's test patch does not apply (the task is broken)")
+        self._run_tests(sandbox, task, report)
+
+    def _run_tests(self, sandbox: Sandbox, task: Task, report: InstanceReport) -> None:
+        tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+        junit = f".patchgym-junit-{uuid.uuid4().hex}.xml"
+        command = (f"{task.test_spec.command} -rA --junitxml={junit} -o junit_family=xunit1 "
+                   + " ".join(shlex.quote(t) for t in tests))
+        result = sandbox.exec(command, timeout=task.test_spec.timeout, output_limit=LOG_LIMIT)
+        report.test_output = f"$ {command}\n{result.output}"
+        report.test_exit_code = result.exit_code
+        report.test_timed_out = result.timed_out
+        try:
+            statuses = parse_junit(sandbox.read_file(junit))
+        except (OSError, JunitError) as exc:
+            statuses = {}
+            report.error = f"no test results: {exc}" + (" (the test run timed out)" if result.timed_out else "")
+        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, statuses)
+        report.tests_status = g.tests_status
+        report.missing_tests = g.missing
+        failed_in_results = any(s.value in ("FAILED", "ERROR") for s in statuses.values())
+        # pytest exits 0 exactly when nothing failed: anything else means the results were tampered
+        # with or the run broke after writing them.
+        report.results_consistent = bool(statuses) and ((result.exit_code == 0) == (not failed_in_results))
+        report.resolved = g.resolved and report.results_consistent and not result.timed_out
+        if g.resolved and not report.results_consistent:
+            report.error = f"test results contradict the runner's exit code {result.exit_code}"
+
+
+def apply_patch(sandbox: Sandbox, patch: str, *, fuzzy: bool = True) -> str | None:
+    """Apply ``patch`` in the sandbox; return the method that worked, or None.
+
+    A failed ``git apply`` changes nothing, and ``patch`` runs only after its dry run succeeded, so
+    every attempt starts from the same tree.
+    """
+    if not patch.endswith("\n"):
+        patch += "\n"
+    sandbox.write_file(PATCH_FILE, patch)
+    attempts = [("git apply", f"git apply --verbose --whitespace=nowarn {PATCH_FILE}")]
+    if fuzzy:
+        attempts.append(("patch --fuzz", f"patch --batch --fuzz=5 -p1 --dry-run -i {PATCH_FILE} >/dev/null && "
+                                         f"patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {PATCH_FILE}"))
+    try:
+        for name, command in attempts:
+            if sandbox.exec(command, timeout=120).ok:
+                return name
+        return None
+    finally:
+        sandbox.exec(f"rm -f {PATCH_FILE}", timeout=30)

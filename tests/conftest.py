@@ -1,0 +1,117 @@
+"""Shared fixtures: an isolated PATCHGYM_HOME and a small task repository with real git history."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PYTEST_PIN = "pytest==8.3.5"  # the same pin as the bundled catalog, so the venv is shared
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Fixture", "GIT_AUTHOR_EMAIL": "fixture@patchgym.invalid",
+    "GIT_COMMITTER_NAME": "Fixture", "GIT_COMMITTER_EMAIL": "fixture@patchgym.invalid",
+}
+
+
+def git(repo: Path, *args: str, date: str = "2026-01-01T00:00:00Z") -> str:
+    env = {**os.environ, **GIT_ENV, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def commit_tree(repo: Path, source: Path, message: str, date: str) -> str:
+    shutil.copytree(source, repo, dirs_exist_ok=True)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message, date=date)
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def build_calc_repo(dest: Path) -> dict:
+    """The ``calc`` fixture: two commits, a base with a bug, a later 'future' commit and tag."""
+    src = FIXTURES / "calc"
+    dest.mkdir(parents=True)
+    git(dest, "init", "-q", "-b", "main")
+    commit_tree(dest, src / "v1", "Initial commit: clamp()", "2026-01-01T10:00:00Z")
+    base = commit_tree(dest, src / "v2", "Add mean()", "2026-01-02T10:00:00Z")
+    shutil.copy(src / "fix" / "calc" / "__init__.py", dest / "calc" / "__init__.py")
+    patch = git(dest, "diff")
+    git(dest, "checkout", "-q", "--", ".")
+    shutil.copy(src / "fix" / "tests" / "test_calc.py", dest / "tests" / "test_calc.py")
+    test_patch = git(dest, "diff")
+    git(dest, "checkout", "-q", "--", ".")
+    commit_tree(dest, src / "fix", "Fix mean() of an empty sequence", "2026-01-03T10:00:00Z")
+    commit_tree(dest, src / "future", "Release 0.2", "2026-01-04T10:00:00Z")
+    git(dest, "tag", "v0.2")
+    return {"base": base, "patch": patch, "test_patch": test_patch}
+
+
+def calc_task_row(repo: Path, info: dict, **overrides) -> dict:
+    row = {
+        "instance_id": "fixture__calc-1",
+        "repo": "fixture/calc",
+        "base_commit": info["base"],
+        "problem_statement": "mean([]) raises ZeroDivisionError instead of ValueError",
+        "patch": info["patch"],
+        "test_patch": info["test_patch"],
+        "FAIL_TO_PASS": ["tests/test_calc.py::test_mean_empty"],
+        "PASS_TO_PASS": [
+            "tests/test_calc.py::test_clamp_inside", "tests/test_calc.py::test_clamp_edges",
+            "tests/test_calc.py::test_clamp_bad_interval", "tests/test_calc.py::test_mean",
+            "tests/test_calc.py::test_mean_iterables[values0]",
+            "tests/test_calc.py::test_mean_iterables[values1]",
+            "tests/test_calc.py::test_mean_iterables[values2]",
+        ],
+        "version": "0.1",
+        "created_at": "2026-01-02T12:00:00Z",
+        "environment": {"python": ">=3.9", "packages": [PYTEST_PIN]},
+        "test_spec": {"command": "python -m pytest -p no:cacheprovider", "format": "pytest", "timeout": 60},
+        "repo_path": str(repo),
+    }
+    row.update(overrides)
+    return row
+
+
+@pytest.fixture(scope="session", autouse=True)
+def patchgym_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every cache (venvs, checkouts, sandboxes) in one place per test session."""
+    home = Path(os.environ.get("PATCHGYM_TEST_HOME") or tmp_path_factory.mktemp("patchgym-home"))
+    os.environ["PATCHGYM_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def calc_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    repo = tmp_path_factory.mktemp("repos") / "calc"
+    return repo, build_calc_repo(repo)
+
+
+@pytest.fixture(scope="session")
+def calc_tasks_file(calc_repo, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo, info = calc_repo
+    path = tmp_path_factory.mktemp("tasks") / "calc.jsonl"
+    path.write_text(json.dumps(calc_task_row(repo, info)) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def calc_task(calc_tasks_file):
+    from gym_envs import load_tasks
+
+    return load_tasks(calc_tasks_file)[0]
+
+
+@pytest.fixture
+def calc_sandbox(calc_task):
+    from gym_envs.backends import make_sandbox
+
+    sandbox = make_sandbox(calc_task)
+    yield sandbox
+    sandbox.close()
+
+
+def docker_required() -> bool:
+    return os.environ.get("PATCHGYM_REQUIRE_DOCKER") == "1"
