@@ -120,11 +120,15 @@ class ProcessGroup:
                 pass
         return found
 
+    def live_pids(self) -> set[int]:
+        """Members that are not zombies (a zombie holds no resources and cannot be killed)."""
+        return {pid for pid in self.pids() if not _is_zombie(pid)}
+
     def kill_all(self, timeout: float = 5.0) -> bool:
         """SIGKILL every process in the group until none is left; True when it emptied."""
         deadline = time.monotonic() + timeout
         while True:
-            pids = self.pids()
+            pids = self.live_pids()
             if not pids:
                 return True
             for pid in pids:
@@ -209,3 +213,11 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True  # gone already

@@ -1,0 +1,47 @@
+"""The bundled catalog: enough genuine tasks, each pointing at a real commit of a bundled repo."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import Counter
+
+import pytest
+
+import tasks as bundled
+from gym_envs import UnknownTaskError, load_task_set
+from gym_envs.catalog import repo_source
+from gym_envs.patches import is_test_or_config, touched_paths
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_task_set()
+
+
+def test_catalog_has_at_least_15_tasks_over_3_libraries(catalog):
+    assert len(catalog) >= 15
+    per_repo = Counter(t.repo for t in catalog)
+    assert len(per_repo) >= 3
+    assert any(any(not p.startswith("pytest") for p in t.environment.packages) for t in catalog), \
+        "at least one library must depend on a PyPI package"
+
+
+def test_every_task_points_at_a_real_commit_with_history(catalog):
+    for repo in {t.repo for t in catalog}:
+        tasks = [t for t in catalog if t.repo == repo]
+        source = repo_source(tasks[0])
+        assert source.endswith(".bundle") and source.startswith(str(bundled.REPOS_DIR))
+        log = subprocess.run(["git", "bundle", "list-heads", source], capture_output=True, text=True, check=True)
+        assert "refs/heads/main" in log.stdout
+    for task in catalog:
+        assert task.patch and task.test_patch and task.problem_statement.strip()
+        assert not any(is_test_or_config(p) for p in touched_paths(task.patch)), task.instance_id
+        assert all(p.startswith("tests/") for p in touched_paths(task.test_patch)), task.instance_id
+        assert not set(task.FAIL_TO_PASS) & set(task.PASS_TO_PASS)
+        assert not any(t.split("::")[-1] in task.problem_statement for t in task.FAIL_TO_PASS), \
+            f"{task.instance_id}: the problem statement names a hidden test"
+
+
+def test_unknown_instance_id_is_a_clear_error(catalog):
+    with pytest.raises(UnknownTaskError, match="unknown instance id 'nope'"):
+        catalog.select(["nope"])

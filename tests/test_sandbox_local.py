@@ -1,0 +1,280 @@
+"""The local sandbox: exec semantics, pristine workspaces without future history, isolation, limits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxes import (
+    LocalSandbox,
+    PathOutsideWorkspaceError,
+    ResourceLimits,
+    SandboxClosedError,
+    SandboxError,
+)
+from sandboxes.isolation import bwrap_path
+
+needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not usable on this host")
+
+
+def test_exec_reports_exit_code_output_and_duration(calc_sandbox):
+    result = calc_sandbox.exec("echo out; echo err >&2; exit 3")
+    assert result.exit_code == 3
+    assert "out" in result.output and "err" in result.output
+    assert not result.timed_out and result.duration > 0
+    assert calc_sandbox.exec("pwd").output.strip() == calc_sandbox.workdir
+
+
+def test_stdin_is_closed(calc_sandbox):
+    start = time.monotonic()
+    result = calc_sandbox.exec("cat; read x; echo done", timeout=20)
+    assert result.output.strip() == "done"
+    assert time.monotonic() - start < 10
+
+
+def test_timeout_kills_the_whole_tree_and_keeps_partial_output(calc_sandbox):
+    marker = f"pgsleep{os.getpid()}"
+    result = calc_sandbox.exec(
+        f"echo started; (exec -a {marker} sleep 300) & (bash -c 'exec -a {marker} sleep 300' &); sleep 300",
+        timeout=1.5)
+    assert result.timed_out and result.exit_code != 0
+    assert "started" in result.output and "timed out" in result.output
+    assert result.duration < 10
+    time.sleep(0.2)
+    ps = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", "processes survived the timeout"
+
+
+def test_background_processes_do_not_outlive_the_command(calc_sandbox):
+    start = time.monotonic()
+    result = calc_sandbox.exec("(sleep 300 &) ; nohup sleep 300 >/dev/null 2>&1 & echo bg", timeout=30)
+    assert result.output.strip() == "bg" and not result.timed_out
+    assert time.monotonic() - start < 10
+
+
+def test_output_is_capped_head_and_tail_with_a_marker(calc_sandbox):
+    result = calc_sandbox.exec(
+        "echo FIRST; head -c 100000000 /dev/zero | tr '\\0' x; echo; echo LAST", timeout=120,
+        output_limit=10_000)
+    assert result.exit_code == 0 and result.truncated
+    assert result.output.startswith("FIRST")
+    assert result.output.rstrip().endswith("LAST")
+    assert "output truncated" in result.output and "100000" in result.output
+    assert len(result.output) < 12_000
+
+
+def test_workspace_has_no_history_after_base(calc_sandbox, calc_repo):
+    _, info = calc_repo
+    sb = calc_sandbox
+    commits = sb.exec("git log --all --format=%H").output.split()
+    assert commits[0] == info["base"] and len(commits) == 2
+    assert sb.exec("git tag; git remote; git stash list").output.strip() == ""
+    assert sb.exec("git for-each-ref --format='%(refname)'").output.split() == ["refs/heads/main"]
+    assert sb.exec("git reflog --all 2>&1 | wc -l").output.strip() == "0"
+    unreachable = sb.exec("git fsck --unreachable --dangling --no-reflogs 2>&1").output
+    assert "unreachable" not in unreachable and "dangling" not in unreachable
+    objects = sb.exec("git cat-file --batch-all-objects --batch-check | wc -l").output.strip()
+    reachable = sb.exec("git rev-list --objects --all | wc -l").output.strip()
+    assert objects == reachable
+    assert "the-future-commit" not in sb.exec(
+        "git cat-file --batch-all-objects --batch 2>/dev/null; cat .git/packed-refs .git/FETCH_HEAD 2>/dev/null").output
+
+
+def test_read_write_diff_and_reset(calc_sandbox, calc_repo):
+    sb = calc_sandbox
+    sb.write_file("calc/extra.py", "X = 1\n")
+    sb.write_file(f"{sb.workdir}/calc/__init__.py", "# emptied\n")
+    assert sb.read_file("calc/extra.py") == b"X = 1\n"
+    diff = sb.diff()
+    assert "new file mode" in diff and "calc/extra.py" in diff and "+# emptied" in diff
+    assert sb.exec("git status --porcelain").output.count("\n") == 2, "diff() must not touch the index"
+    sb.exec("rm -rf ./* .git; echo junk > /tmp/leftover")
+    sb.reset()
+    assert sb.diff() == ""
+    assert sb.exec("git rev-parse HEAD").output.strip() == calc_repo[1]["base"]
+    assert sb.exec("cat /tmp/leftover 2>&1").exit_code != 0
+
+
+def test_paths_outside_the_workspace_are_refused(calc_sandbox):
+    sb = calc_sandbox
+    for bad in ("../outside.txt", "/etc/passwd", "calc/../../x"):
+        with pytest.raises(PathOutsideWorkspaceError):
+            sb.read_file(bad)
+    sb.exec("ln -s /etc/hostname link; ln -s .. updir")
+    with pytest.raises(PathOutsideWorkspaceError):
+        sb.read_file("link")
+    with pytest.raises(PathOutsideWorkspaceError):
+        sb.write_file("updir/escape.txt", "x")
+    with pytest.raises(PathOutsideWorkspaceError):
+        sb.exec("true", cwd="/")
+
+
+def test_close_is_idempotent_and_frees_everything(calc_task):
+    from gym_envs.backends import make_sandbox
+
+    sb = make_sandbox(calc_task)
+    root = sb.root
+    cgroups = list(sb._group.dirs.values()) if sb._group else []
+    assert root.exists()
+    sb.close()
+    sb.close()
+    assert not root.exists()
+    assert all(not p.exists() for p in cgroups)
+    with pytest.raises(SandboxClosedError):
+        sb.exec("true")
+
+
+def test_bad_base_commit_is_an_infrastructure_error(calc_task):
+    from gym_envs.backends import sandbox_spec
+
+    spec = sandbox_spec(calc_task)
+    with pytest.raises(SandboxError, match="not in repository"):
+        LocalSandbox(type(spec)(spec.repo, "f" * 40, spec.environment))
+
+
+@needs_bwrap
+def test_isolation_no_network_even_to_host_loopback(calc_sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    try:
+        probe = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=3); print('CONNECTED')\n"
+                 "except OSError as e:\n    print('refused', e)\n") % port
+        calc_sandbox.write_file("probe.py", probe)
+        result = calc_sandbox.exec("python probe.py; cat /sys/class/net/*/operstate 2>/dev/null | sort -u")
+        assert "refused" in result.output and "CONNECTED" not in result.output
+        assert not accepted
+    finally:
+        server.close()
+
+
+@needs_bwrap
+def test_isolation_host_is_read_only_and_secrets_are_hidden(calc_sandbox, calc_tasks_file, tmp_path):
+    import tasks as bundled
+
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("s3cret")
+    sb = calc_sandbox
+    result = sb.exec(
+        f"touch /usr/pg-probe 2>&1; touch /etc/pg-probe 2>&1; cat {secret} 2>&1; "
+        f"ls /root 2>&1; cat /etc/shadow 2>&1; cat {calc_tasks_file} 2>&1; ls {bundled.INSTANCES_DIR} 2>&1; "
+        "echo ok > /tmp/private && cat /tmp/private; touch inside && echo wrote-workspace"
+    )
+    out = result.output
+    assert out.count("Read-only file system") >= 2
+    assert "s3cret" not in out
+    assert "root:" not in out  # /etc/shadow is not there
+    assert "def test_mean_empty" not in out and "FAIL_TO_PASS" not in out
+    assert "No such file or directory" in out
+    assert "wrote-workspace" in out and "ok" in out
+    assert not Path("/usr/pg-probe").exists() and not Path("/etc/pg-probe").exists()
+    assert not Path("/tmp/private").exists()
+
+
+@needs_bwrap
+def test_isolation_hides_other_processes(calc_sandbox):
+    out = calc_sandbox.exec("ls /proc | grep -E '^[0-9]+$' | wc -l").output.strip()
+    assert int(out) < 10
+
+
+def _cgroups_active(sb) -> bool:
+    return sb._group is not None and sb._group.active
+
+
+def test_process_limit_is_enforced_before_any_fork_bomb(calc_task):
+    """Proves the pids bound with harmless sleeps; only then runs a real fork bomb."""
+    from gym_envs.backends import make_sandbox
+
+    sb = make_sandbox(calc_task, limits=ResourceLimits(max_processes=40))
+    try:
+        if not _cgroups_active(sb):
+            pytest.skip("no pids cgroup here (not root?); a fork bomb would not be bounded")
+        proof = sb.exec("for i in $(seq 80); do sleep 30 & done 2>&1; jobs -p | wc -l; "
+                        "ls /sys/fs/cgroup >/dev/null; kill %% 2>/dev/null; true", timeout=20)
+        assert "Resource temporarily unavailable" in proof.output or "fork" in proof.output.lower(), proof.output
+        start = time.monotonic()
+        bomb = sb.exec(":(){ :|:& };:; sleep 2; echo survived", timeout=8)
+        assert time.monotonic() - start < 20
+        assert not sb._group.live_pids(), "fork bomb processes survived"
+        assert sb.exec("echo still-usable").output.strip() == "still-usable"
+        del bomb
+    finally:
+        sb.close()
+
+
+def test_memory_limit_kills_a_runaway_allocation(calc_task):
+    from gym_envs.backends import make_sandbox
+
+    sb = make_sandbox(calc_task, limits=ResourceLimits(memory_bytes=256 << 20))
+    try:
+        result = sb.exec("python -c \"x = bytearray(1 << 30); print('allocated')\"", timeout=60)
+        assert "allocated" not in result.output
+        assert result.exit_code != 0
+    finally:
+        sb.close()
+
+
+def test_file_size_limit(calc_task):
+    from gym_envs.backends import make_sandbox
+
+    sb = make_sandbox(calc_task, limits=ResourceLimits(file_size_bytes=1 << 20))
+    try:
+        result = sb.exec("head -c 5000000 /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin")
+        assert "rc=0" not in result.output
+        assert result.output.strip().endswith(str(1 << 20))
+    finally:
+        sb.close()
+
+
+def test_unisolated_fallback_warns_and_still_works(calc_task, caplog, monkeypatch):
+    import sandboxes.local as local
+    from gym_envs.backends import make_sandbox
+
+    monkeypatch.setattr(local, "_warned_unisolated", False)
+    monkeypatch.setattr(local, "bwrap_path", lambda: None)
+    with caplog.at_level("WARNING"):
+        sb = make_sandbox(calc_task, isolation="auto")
+    try:
+        assert not sb.isolated
+        assert "WITHOUT network or filesystem isolation" in caplog.text
+        result = sb.exec("python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -1")
+        assert "7 passed" in result.output
+    finally:
+        sb.close()
+    with pytest.raises(SandboxError, match="bubblewrap isolation was required"):
+        make_sandbox(calc_task, isolation="bwrap")
+
+
+def test_reaper_removes_leftovers_of_dead_processes(calc_task, tmp_path):
+    """A sandbox owned by a process that died (kill -9) is found and removed."""
+    import json
+    import sys
+
+    from sandboxes import reap_stale_sandboxes
+    from sandboxes.paths import cache_dir
+
+    script = (
+        "import os, sys\n"
+        "sys.path[:0] = [%r]\n"
+        "from gym_envs import load_tasks\n"
+        "from gym_envs.backends import make_sandbox\n"
+        "sb = make_sandbox(load_tasks(%r)[0])\n"
+        "print(sb.root, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    ) % (str(Path(__file__).parents[1]), str(calc_task.source_file))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
+    leftover = Path(proc.stdout.strip())
+    assert leftover.is_dir() and json.loads((leftover / "owner.json").read_text())["pid"] > 0
+    assert reap_stale_sandboxes() >= 1
+    assert not leftover.exists()
+    assert leftover.parent == cache_dir("sandboxes")
