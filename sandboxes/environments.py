@@ -61,16 +61,21 @@ class Interpreter:
     executable: str
     version: str
     base_prefix: str
+    # The interpreter's own site-packages: a venv never imports from them, and they may hold
+    # anything the host installed (patchgym itself, with its task catalog), so sandboxes hide them.
+    site_packages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class BuiltEnvironment:
-    """A ready venv. ``mounts`` are host paths a sandbox must expose read-only for it to run."""
+    """A ready venv. ``mounts`` are host paths a sandbox must expose read-only for it to run;
+    ``masked`` are paths under them that it must hide."""
 
     key: str
     venv: Path
     interpreter: Interpreter
     mounts: tuple[Path, ...] = field(default=())
+    masked: tuple[Path, ...] = field(default=())
 
     @property
     def bin_dir(self) -> Path:
@@ -97,17 +102,19 @@ def _candidate_executables() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _probe(executable: str) -> Interpreter | None:
-    code = "import sys,json;print(json.dumps([sys.version.split()[0], sys.base_prefix]))"
+    code = ("import sys,json,site;print(json.dumps([sys.version.split()[0], sys.base_prefix, "
+            "site.getsitepackages() + [site.getusersitepackages()]]))")
     try:
         proc = subprocess.run([executable, "-c", code], capture_output=True, text=True, timeout=20)
-        version, base_prefix = json.loads(proc.stdout)
+        version, base_prefix, site_dirs = json.loads(proc.stdout)
         # venv must be importable (Debian splits it into python3-venv).
         check = subprocess.run([executable, "-c", "import venv, ensurepip"], capture_output=True, timeout=20)
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return None
     if check.returncode != 0:
         return None
-    return Interpreter(os.path.realpath(executable), version, os.path.realpath(base_prefix))
+    return Interpreter(os.path.realpath(executable), version, os.path.realpath(base_prefix),
+                       tuple(os.path.realpath(d) for d in site_dirs))
 
 
 def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
@@ -154,7 +161,8 @@ def ensure_environment(
     venv = root / "venv"
     ready = root / "ready.json"
     mounts = (Path(interpreter.base_prefix), venv)
-    built = BuiltEnvironment(key, venv, interpreter, mounts)
+    masked = tuple(Path(d) for d in interpreter.site_packages)
+    built = BuiltEnvironment(key, venv, interpreter, mounts, masked)
     if ready.exists():
         return built
     with file_lock(root.with_suffix(".lock")):

@@ -86,6 +86,8 @@ class LocalSandbox:
             )
             self.root.mkdir(parents=True)
             (self.root / "owner.json").write_text(json.dumps({"pid": os.getpid(), "created": time.time()}))
+            self._hidden = [Path(p) for p in spec.hidden_paths] + list(self.env.masked) + [
+                cache_dir("checkouts"), cache_dir("mirrors"), cache_dir("sandboxes")]
             self._group = ProcessGroup(self.limits)
             self._fill()
         except BaseException:
@@ -114,7 +116,7 @@ class LocalSandbox:
                 if self.isolated:
                     mounts = Mounts(workspace=self.workspace, tmp=self.tmp,
                                     read_only=list(self.env.mounts),
-                                    hidden=[Path(p) for p in self.spec.hidden_paths] + [cache_dir("checkouts"), cache_dir("mirrors")])
+                                    hidden=self._hidden)
                     argv = bwrap_argv(mounts, full_env, argv, run_cwd)
                     host_cwd = None
                 else:

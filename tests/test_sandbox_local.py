@@ -21,6 +21,8 @@ from sandboxes import (
 )
 from sandboxes.isolation import bwrap_path
 
+if os.environ.get("PATCHGYM_REQUIRE_BWRAP") == "1" and bwrap_path() is None:
+    raise RuntimeError("PATCHGYM_REQUIRE_BWRAP=1 but bubblewrap is not usable here")
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not usable on this host")
 
 
@@ -179,6 +181,18 @@ def test_isolation_host_is_read_only_and_secrets_are_hidden(calc_sandbox, calc_t
     assert "wrote-workspace" in out and "ok" in out
     assert not Path("/usr/pg-probe").exists() and not Path("/etc/pg-probe").exists()
     assert not Path("/tmp/private").exists()
+
+
+@needs_bwrap
+def test_isolation_hides_the_interpreters_own_site_packages(calc_sandbox):
+    """patchgym installed into the base interpreter brings its catalog (gold patches) along."""
+    import sysconfig
+
+    purelib = sysconfig.get_paths()["purelib"]
+    assert Path(purelib).is_dir() and any(Path(purelib).iterdir())
+    out = calc_sandbox.exec(f"ls -A {purelib} | wc -l; python -c 'import gym_envs' 2>&1 | tail -1").output
+    assert out.split()[0] == "0"
+    assert "No module named 'gym_envs'" in out
 
 
 @needs_bwrap

@@ -1,0 +1,112 @@
+"""The command line as a user runs it: eval with reports and resume, tasks list/show/validate, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from gym_envs import cli
+from gym_envs.cli import app
+
+runner = CliRunner()
+cli.out.width = cli.console.width = 300  # no wrapping inside table cells
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_eval_gold_writes_swebench_reports_and_resumes(calc_tasks_file, tmp_path):
+    out = tmp_path / "gold"
+    result = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--output", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["total_instances"] == report["resolved_instances"] == 1
+    assert report["resolved_ids"] == ["fixture__calc-1"]
+    for key in ("submitted", "completed", "unresolved", "empty_patch", "error"):
+        assert f"{key}_instances" in report and f"{key}_ids" in report
+    instance = json.loads((out / "fixture__calc-1" / "report.json").read_text())["fixture__calc-1"]
+    assert instance["resolved"] and instance["patch_successfully_applied"]
+    assert "PASSED" in (out / "fixture__calc-1" / "test_output.txt").read_text()
+    assert "resolved" in result.output
+
+    again = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--output", str(out))
+    assert "resumed" in again.output
+    assert json.loads((out / "report.json").read_text())["resumed_ids"] == ["fixture__calc-1"]
+    forced = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--output", str(out), "--force")
+    assert json.loads((out / "report.json").read_text())["resumed_ids"] == []
+    assert forced.exit_code == 0
+
+
+def test_eval_empty_and_a_predictions_file(calc_tasks_file, tmp_path):
+    out = tmp_path / "empty"
+    result = run("eval", "--predictions", "empty", "--tasks", str(calc_tasks_file), "--output", str(out))
+    report = json.loads((out / "report.json").read_text())
+    assert result.exit_code == 0
+    assert report["resolved_instances"] == 0 and report["empty_patch_instances"] == 1
+
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(json.dumps({"instance_id": "fixture__calc-1", "model_name_or_path": "m",
+                                 "model_patch": "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n"}) + "\n")
+    out2 = tmp_path / "m"
+    run("eval", "--predictions", str(preds), "--tasks", str(calc_tasks_file), "--output", str(out2))
+    report = json.loads((out2 / "report.json").read_text())
+    assert report["completed_instances"] == 1 and report["unresolved_ids"] == ["fixture__calc-1"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"instance_id": "nope", "model_patch": ""}\n', "unknown instance id 'nope'"),
+        ("{broken\n", "line 1: invalid JSON"),
+        ('{"model_patch": ""}\n', "field 'instance_id'"),
+    ],
+)
+def test_eval_rejects_bad_predictions(calc_tasks_file, tmp_path, content, message):
+    preds = tmp_path / "p.jsonl"
+    preds.write_text(content)
+    result = run("eval", "--predictions", str(preds), "--tasks", str(calc_tasks_file), "--output", str(tmp_path / "o"))
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_unknown_ids_backend_and_task_files_are_clear_errors(calc_tasks_file, tmp_path):
+    result = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--instance-ids", "nope")
+    assert result.exit_code == 2 and "unknown instance id 'nope'" in result.output
+    result = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--backend", "cloud")
+    assert result.exit_code == 2 and "unknown backend 'cloud'" in result.output
+    result = run("tasks", "list", "--tasks", str(tmp_path / "missing.jsonl"))
+    assert result.exit_code == 2 and "no such task file" in result.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instance_id": "x"}\n')
+    result = run("tasks", "show", "x", "--tasks", str(bad))
+    assert result.exit_code == 2 and "bad.jsonl:line 1: field 'repo'" in " ".join(result.output.split())
+
+
+def test_tasks_list_show_and_validate(calc_tasks_file):
+    listed = run("tasks", "list", "--tasks", str(calc_tasks_file))
+    assert listed.exit_code == 0 and "fixture__calc-1" in listed.output
+    shown = run("tasks", "show", "fixture__calc-1", "--tasks", str(calc_tasks_file))
+    assert "ZeroDivisionError" in shown.output and "test_mean_empty" in shown.output
+    as_json = run("tasks", "show", "fixture__calc-1", "--tasks", str(calc_tasks_file), "--json")
+    assert json.loads(as_json.output)["instance_id"] == "fixture__calc-1"
+    validated = run("tasks", "validate", "--tasks", str(calc_tasks_file), "--runs", "2")
+    assert validated.exit_code == 0, validated.output
+    assert "1/1 tasks valid" in validated.output
+
+
+def test_validate_flags_a_broken_task(calc_repo, tmp_path):
+    from conftest import calc_task_row
+
+    repo, info = calc_repo
+    path = tmp_path / "broken.jsonl"
+    # The empty patch resolves this one: its FAIL_TO_PASS test already passes at the base commit.
+    row = calc_task_row(repo, info, instance_id="fixture__calc-broken", FAIL_TO_PASS=["tests/test_calc.py::test_mean"],
+                        PASS_TO_PASS=["tests/test_calc.py::test_clamp_inside"])
+    path.write_text(json.dumps(row) + "\n")
+    result = run("tasks", "validate", "--tasks", str(path), "--runs", "1")
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert "resolved with no change" in text and "0/1 tasks valid" in text
