@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+collect_ignore = ["fixtures"]  # source files for test repositories, not tests of patchgym
 PYTEST_PIN = "pytest==8.3.5"  # the same pin as the bundled catalog, so the venv is shared
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "Fixture", "GIT_AUTHOR_EMAIL": "fixture@patchgym.invalid",

@@ -45,3 +45,15 @@ def test_every_task_points_at_a_real_commit_with_history(catalog):
 def test_unknown_instance_id_is_a_clear_error(catalog):
     with pytest.raises(UnknownTaskError, match="unknown instance id 'nope'"):
         catalog.select(["nope"])
+
+
+@pytest.mark.slow
+def test_every_bundled_task_validates(catalog):
+    """Gold resolves, no change does not (tests really run), two gold runs agree."""
+    from gym_envs import Verifier
+    from gym_envs.validation import validate_tasks
+
+    results = validate_tasks(catalog, Verifier(), runs=2, workers=2)
+    problems = {r.instance_id: r.problems for r in results if not r.ok}
+    assert not problems
+    assert all(r.gold_resolved == [True, True] and r.empty_resolved is False for r in results)
