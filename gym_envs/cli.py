@@ -159,12 +159,13 @@ def eval_cmd(
     output = output or Path("patchgym-runs") / name
     verifier = _verifier(backend, isolation)
     reap_stale_sandboxes()
-    counts = {"resolved": 0, "unresolved": 0, "error": 0}
+    counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
     with _progress() as progress:
         bar = progress.add_task("evaluating", total=len(preds), status="")
 
         def done(report: InstanceReport, resumed: bool) -> None:
-            key = "error" if report.infrastructure_failure else "resolved" if report.resolved else "unresolved"
+            key = ("error" if report.infrastructure_failure else "resolved" if report.resolved
+                   else "unresolved" if report.patch_exists else "empty")
             counts[key] += 1
             progress.update(bar, advance=1, status=" ".join(f"{k} {v}" for k, v in counts.items()))
 

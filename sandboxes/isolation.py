@@ -102,6 +102,20 @@ class Mounts:
 
 def bwrap_argv(mounts: Mounts, env: dict[str, str], argv: list[str], cwd: str) -> list[str]:
     """The full command line that runs ``argv`` inside a fresh set of namespaces."""
+    return with_command(bwrap_prefix(mounts), env, argv, cwd)
+
+
+def with_command(prefix: list[str], env: dict[str, str], argv: list[str], cwd: str) -> list[str]:
+    """Complete a :func:`bwrap_prefix` with the environment, working directory and command."""
+    args = prefix + ["--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args + ["--chdir", cwd, "--"] + argv
+
+
+def bwrap_prefix(mounts: Mounts) -> list[str]:
+    """The namespace and mount part of a bubblewrap command line (the same for every command of a
+    sandbox, so it is computed once: resolving the hidden paths costs more than running bwrap)."""
     binary = bwrap_path()
     if binary is None:
         raise RuntimeError("bubblewrap is not available")
@@ -132,11 +146,7 @@ def bwrap_argv(mounts: Mounts, env: dict[str, str], argv: list[str], cwd: str) -
                 args += ["--tmpfs", str(secret)]
             else:
                 args += ["--ro-bind", "/dev/null", str(secret)]
-    args += ["--clearenv"]
-    for key, value in env.items():
-        args += ["--setenv", key, value]
-    args += ["--chdir", cwd, "--"]
-    return args + argv
+    return args
 
 
 def _is_within(path: Path, parent: Path) -> bool:

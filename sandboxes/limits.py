@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
+import shutil
 import signal
 import time
 import uuid
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,9 @@ CGROUP_PARENT = "patchgym"
 class ResourceLimits:
     """Bounds on what one sandbox's processes may use.
 
-    ``cpu_seconds`` and ``file_size_bytes`` are per process (rlimits); ``memory_bytes`` and
-    ``max_processes`` bound the sandbox's whole process tree when cgroups are available.
+    ``cpu_seconds``, ``file_size_bytes`` and ``open_files`` are per process (rlimits);
+    ``memory_bytes`` and ``max_processes`` bound the sandbox's whole process tree when cgroups are
+    available, and fall back to per-process rlimits (which do not bind root) when they are not.
     """
 
     cpu_seconds: int = 900
@@ -36,18 +38,6 @@ class ResourceLimits:
     max_processes: int = 512
     file_size_bytes: int = 1 << 30
     open_files: int = 4096
-
-
-def apply_rlimits(limits: ResourceLimits, *, cgroups_active: bool) -> None:
-    """Set per-process rlimits in a freshly forked child (called from ``preexec_fn``)."""
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if not cgroups_active:
-        # Weaker stand-ins for the cgroup bounds: per process, and NPROC ignores root.
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
 
 
 class ProcessGroup:
@@ -161,22 +151,35 @@ def _rmdir_quiet(path: Path) -> bool:
         return False
 
 
-def make_preexec(limits: ResourceLimits, group: ProcessGroup | None):
-    """Build the ``preexec_fn`` that moves the child into the group's cgroups and sets rlimits."""
+LAUNCH_FAILED = "patchgym: cannot enter cgroup"
+_JOIN_SCRIPT = (
+    'for f do [ "$f" = -- ] && break; echo $$ > "$f" || { echo "%s $f" >&2; exit 125; }; shift; done; '
+    'shift; exec "$@"' % LAUNCH_FAILED
+)
+
+
+def launcher(limits: ResourceLimits, group: ProcessGroup | None) -> list[str]:
+    """A command prefix that enters the group's cgroups, sets rlimits, then execs the command.
+
+    Doing this with two tiny programs (``sh``, ``prlimit``) instead of a Python ``preexec_fn`` lets
+    the parent spawn with vfork: a fork of a large Python process costs several milliseconds per
+    command, more than the sandbox itself. Children inherit both cgroups and rlimits, and the shell
+    joins the cgroups before anything else runs, so no process escapes the bounds.
+    """
     procs = group.procs_files() if group is not None and group.active else []
-    fds = [os.open(p, os.O_WRONLY) for p in procs]
+    rlimits = [f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 5}", f"--fsize={limits.file_size_bytes}",
+               f"--nofile={limits.open_files}", "--core=0"]
+    if not procs:  # weaker per-process stand-ins for the cgroup bounds
+        rlimits += [f"--as={limits.memory_bytes}", f"--nproc={limits.max_processes}"]
+    return ["/bin/sh", "-c", _JOIN_SCRIPT, "patchgym-launch", *procs, "--", _prlimit(), *rlimits, "--"]
 
-    def preexec() -> None:
-        pid = str(os.getpid()).encode()
-        for fd in fds:
-            os.write(fd, pid)
-        apply_rlimits(limits, cgroups_active=bool(fds))
 
-    def close_fds() -> None:
-        for fd in fds:
-            os.close(fd)
-
-    return preexec, close_fds
+@lru_cache(maxsize=1)
+def _prlimit() -> str:
+    found = shutil.which("prlimit")
+    if found is None:
+        raise RuntimeError("prlimit (util-linux) is required to bound sandboxed processes")
+    return found
 
 
 def reap_stale_cgroups() -> int:

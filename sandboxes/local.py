@@ -20,8 +20,8 @@ from pathlib import Path
 
 from .base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment
-from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path
-from .limits import ProcessGroup, ResourceLimits, make_preexec, reap_stale_cgroups
+from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
+from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher, reap_stale_cgroups
 from .output import DEFAULT_OUTPUT_LIMIT
 from .paths import cache_dir
 from .process import run_capped
@@ -78,6 +78,7 @@ class LocalSandbox:
         self.workspace = self.root / "testbed"
         self.tmp = self.root / "tmp"
         self._group: ProcessGroup | None = None
+        self._bwrap_prefix: list[str] | None = None
         try:
             self._template = pristine_checkout(spec.repo, spec.base_commit)
             self.env: BuiltEnvironment = ensure_environment(
@@ -89,6 +90,9 @@ class LocalSandbox:
             self._hidden = [Path(p) for p in spec.hidden_paths] + list(self.env.masked) + [
                 cache_dir("checkouts"), cache_dir("mirrors"), cache_dir("sandboxes")]
             self._group = ProcessGroup(self.limits)
+            self._bwrap_prefix = bwrap_prefix(Mounts(
+                workspace=self.workspace, tmp=self.tmp, read_only=list(self.env.mounts),
+                hidden=self._hidden)) if self.isolated else None
             self._fill()
         except BaseException:
             self.close()
@@ -111,24 +115,22 @@ class LocalSandbox:
             run_cwd = workdir if cwd is None else self._sandbox_path(cwd)
             full_env = self._command_env(env)
             argv = ["bash", "-c", command]
-            preexec, close_fds = make_preexec(self.limits, self._group)
+            if self._bwrap_prefix is not None:
+                argv = with_command(self._bwrap_prefix, full_env, argv, run_cwd)
+                host_cwd = None
+            else:
+                host_cwd = run_cwd
             try:
-                if self.isolated:
-                    mounts = Mounts(workspace=self.workspace, tmp=self.tmp,
-                                    read_only=list(self.env.mounts),
-                                    hidden=self._hidden)
-                    argv = bwrap_argv(mounts, full_env, argv, run_cwd)
-                    host_cwd = None
-                else:
-                    host_cwd = run_cwd
-                return run_capped(
-                    argv, timeout=timeout, output_limit=output_limit or DEFAULT_OUTPUT_LIMIT,
-                    cwd=host_cwd, env=full_env, preexec_fn=preexec, kill_tree=self._kill_tree,
+                result = run_capped(
+                    launcher(self.limits, self._group) + argv, timeout=timeout,
+                    output_limit=output_limit or DEFAULT_OUTPUT_LIMIT, cwd=host_cwd, env=full_env,
+                    kill_tree=self._kill_tree,
                 )
             except FileNotFoundError as exc:
                 raise SandboxError(f"cannot run command: {exc}") from exc
-            finally:
-                close_fds()
+            if result.exit_code == 125 and result.output.startswith(LAUNCH_FAILED):
+                raise SandboxError(f"sandbox {self.id} is broken: {result.output.strip()[:500]}")
+            return result
 
     def read_file(self, path: str) -> bytes:
         with self._lock:

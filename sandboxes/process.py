@@ -36,7 +36,6 @@ def run_capped(
     output_limit: int,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
-    preexec_fn: Callable[[], None] | None = None,
     kill_tree: KillTree = kill_process_group,
 ) -> ExecResult:
     """Run ``argv`` and return its :class:`ExecResult`.
@@ -54,7 +53,6 @@ def run_capped(
         cwd=cwd,
         env=dict(env) if env is not None else None,
         start_new_session=True,
-        preexec_fn=preexec_fn,
     )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
