@@ -115,8 +115,10 @@ def main() -> None:
 
     width = max(len(k) for k in results)
     for key, value in results.items():
-        shown = f"median {value['median_ms']:.2f} ms (p10 {value['p10_ms']:.2f}, p90 {value['p90_ms']:.2f}, n={value['n']})" \
-            if isinstance(value, dict) else value
+        shown = value
+        if isinstance(value, dict):
+            shown = (f"median {value['median_ms']:.2f} ms "
+                     f"(p10 {value['p10_ms']:.2f}, p90 {value['p90_ms']:.2f}, n={value['n']})")
         print(f"{key:<{width}}  {shown}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -48,7 +48,8 @@ class TaskSet:
         except KeyError:
             close = [i for i in self._tasks if instance_id.lower() in i.lower()][:5]
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise UnknownTaskError(f"unknown instance id {instance_id!r} in {self.origin or 'task set'}{hint}") from None
+            where = self.origin or "task set"
+            raise UnknownTaskError(f"unknown instance id {instance_id!r} in {where}{hint}") from None
 
     def select(self, instance_ids: Iterable[str] | None) -> TaskSet:
         """The subset with these ids (all when None); unknown ids raise :class:`UnknownTaskError`."""

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sandboxes import reap_stale_sandboxes
+from sandboxes import reap_stale
 
 from .backends import BACKENDS, sandbox_factory
 from .catalog import TaskSet, UnknownTaskError, load_task_set
@@ -32,9 +32,10 @@ app.add_typer(tasks_app, name="tasks")
 console = Console(stderr=True)
 out = Console()
 
-TasksOpt = Annotated[Optional[Path], typer.Option("--tasks", help="Task file or directory (default: the bundled catalog).")]
+TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
 BackendOpt = Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")]
 IsolationOpt = Annotated[str, typer.Option("--isolation", help="Local backend: auto, bwrap or none.")]
+DEFAULT_WORKERS = max(1, os.cpu_count() or 1)
 WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Instances graded at once.")]
 
 
@@ -89,7 +90,8 @@ def tasks_show(instance_id: str, tasks: TasksOpt = None,
         out.print_json(json.dumps(task.to_row()))
         return
     out.rule(f"[bold]{task.instance_id}")
-    out.print(f"repo: {task.repo}   base_commit: {task.base_commit}   version: {task.version}   created_at: {task.created_at}")
+    out.print(f"repo: {task.repo}   base_commit: {task.base_commit}   version: {task.version}   "
+              f"created_at: {task.created_at}")
     out.print(f"environment: python {task.environment.python}; packages: {', '.join(task.environment.packages) or '-'}")
     out.print(f"test command: {task.test_spec.command}")
     out.print(f"FAIL_TO_PASS ({len(task.FAIL_TO_PASS)}): " + ", ".join(task.FAIL_TO_PASS))
@@ -100,17 +102,17 @@ def tasks_show(instance_id: str, tasks: TasksOpt = None,
 
 @tasks_app.command("validate")
 def tasks_validate(
-    instance_ids: Annotated[Optional[list[str]], typer.Argument(help="Ids to validate (default: all).")] = None,
+    instance_ids: Annotated[list[str] | None, typer.Argument(help="Ids to validate (default: all).")] = None,
     tasks: TasksOpt = None,
     runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task (they must agree).")] = 2,
-    workers: WorkersOpt = max(1, os.cpu_count() or 1),
+    workers: WorkersOpt = DEFAULT_WORKERS,
     backend: BackendOpt = "local",
     isolation: IsolationOpt = "auto",
 ) -> None:
     """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
     task_set = _load(tasks, instance_ids)
     verifier = _verifier(backend, isolation)
-    reap_stale_sandboxes()
+    reap_stale()
     with _progress() as progress:
         bar = progress.add_task("validating", total=len(task_set), status="")
         bad = 0
@@ -131,20 +133,23 @@ def tasks_validate(
         table.add_row(r.instance_id, gold, empty, "yes" if r.flaky else "no", f"{r.seconds:.1f}", verdict)
     out.print(table)
     failed = [r for r in results if not r.ok]
-    out.print(f"{len(results) - len(failed)}/{len(results)} tasks valid" + (f", {sum(r.flaky for r in results)} flaky" if failed else ""))
+    flaky = sum(r.flaky for r in results)
+    out.print(f"{len(results) - len(failed)}/{len(results)} tasks valid" + (f", {flaky} flaky" if flaky else ""))
     if failed:
         raise typer.Exit(1)
 
 
 @app.command("eval")
 def eval_cmd(
-    predictions: Annotated[str, typer.Option("--predictions", help="SWE-bench predictions JSONL, or 'gold' / 'empty'.")],
+    predictions: Annotated[str, typer.Option("--predictions", help="Predictions JSONL, or 'gold' / 'empty'.")],
     tasks: TasksOpt = None,
-    instance_ids: Annotated[Optional[list[str]], typer.Option("--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
-    workers: WorkersOpt = max(1, os.cpu_count() or 1),
+    instance_ids: Annotated[list[str] | None,
+                            typer.Option("--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
+    workers: WorkersOpt = DEFAULT_WORKERS,
     backend: BackendOpt = "local",
     isolation: IsolationOpt = "auto",
-    output: Annotated[Optional[Path], typer.Option("--output", help="Report directory (default: patchgym-runs/<predictions>).")] = None,
+    output: Annotated[Path | None,
+                      typer.Option("--output", help="Report directory (default: patchgym-runs/<predictions>).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
 ) -> None:
     """Grade predictions and write SWE-bench-style reports."""
@@ -158,7 +163,7 @@ def eval_cmd(
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
     output = output or Path("patchgym-runs") / name
     verifier = _verifier(backend, isolation)
-    reap_stale_sandboxes()
+    reap_stale()
     counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
     with _progress() as progress:
         bar = progress.add_task("evaluating", total=len(preds), status="")

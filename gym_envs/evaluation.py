@@ -11,12 +11,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .catalog import TaskSet
+from .parallel import run_parallel
 from .predictions import Prediction
 from .task import safe_name
 from .verifier import InstanceReport, Verifier
@@ -122,13 +122,12 @@ def evaluate(
         write_instance(output, report, pred.model_patch)
         return report
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(run_one, i): i for i in todo}
-        for future in as_completed(futures):
-            report = future.result()
-            reports[report.instance_id] = report
-            if on_done:
-                on_done(report, False)
+    def finished(report: InstanceReport) -> None:
+        reports[report.instance_id] = report
+        if on_done:
+            on_done(report, False)
+
+    run_parallel(run_one, todo, workers, finished)
 
     for instance_id in summary.submitted_ids:
         report = reports[instance_id]

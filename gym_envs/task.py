@@ -160,7 +160,7 @@ def _rows_json(path: Path, text: str) -> Iterator[tuple[str, Any]]:
             _, pos = decoder.raw_decode(text, pos)
     else:
         raise TaskFileError(f"{path}: expected a JSON array of task objects")
-    for lineno, row in zip(starts, data):
+    for lineno, row in zip(starts, data, strict=False):
         yield f"line {lineno}", row
 
 

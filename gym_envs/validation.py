@@ -8,10 +8,10 @@ or a PASS_TO_PASS test that fails at the base commit, is a broken task.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from .catalog import TaskSet
+from .parallel import run_parallel
 from .task import Task
 from .verifier import InstanceReport, Verifier
 
@@ -72,11 +72,11 @@ def validate_tasks(tasks: TaskSet, verifier: Verifier, *, runs: int = 2, workers
                    on_done: Callable[[TaskValidation], None] | None = None) -> list[TaskValidation]:
     """Validate every task (in parallel); results in task-set order."""
     results: dict[str, TaskValidation] = {}
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(validate_task, t, verifier, runs) for t in tasks]
-        for future in as_completed(futures):
-            r = future.result()
-            results[r.instance_id] = r
-            if on_done:
-                on_done(r)
+
+    def finished(r: TaskValidation) -> None:
+        results[r.instance_id] = r
+        if on_done:
+            on_done(r)
+
+    run_parallel(lambda t: validate_task(t, verifier, runs), tasks, workers, finished)
     return [results[i] for i in tasks.ids]

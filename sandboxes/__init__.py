@@ -14,10 +14,11 @@ from .base import (
 )
 from .environments import EnvironmentSpec
 from .limits import ResourceLimits
-from .local import LocalSandbox, SandboxSpec, reap_stale_sandboxes
+from .local import LocalSandbox, SandboxSpec
+from .reaper import reap_stale
 
 __all__ = [
     "EnvironmentBuildError", "EnvironmentSpec", "ExecResult", "LocalSandbox",
     "PathOutsideWorkspaceError", "ResourceLimits", "Sandbox", "SandboxClosedError", "SandboxError",
-    "SandboxSpec", "reap_stale_sandboxes",
+    "SandboxSpec", "reap_stale",
 ]

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -100,7 +100,7 @@ def _candidate_executables() -> list[str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _probe(executable: str) -> Interpreter | None:
     code = ("import sys,json,site;print(json.dumps([sys.version.split()[0], sys.base_prefix, "
             "site.getsitepackages() + [site.getusersitepackages()]]))")

@@ -60,8 +60,9 @@ def sandbox_etc() -> Path:
     once per process so that host changes (a new CA bundle) are picked up on the next start.
     """
     from .paths import cache_dir
+    from .reaper import owned_name
 
-    target = cache_dir("etc") / f"{os.getpid()}-{os.urandom(4).hex()}"
+    target = cache_dir("etc") / owned_name(os.urandom(4).hex())
     target.mkdir(parents=True)
     atexit.register(shutil.rmtree, target, True)
     for entry in ETC_ENTRIES:

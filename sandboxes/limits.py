@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .reaper import owned_name, stale_children
+
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -49,7 +51,7 @@ class ProcessGroup:
 
     def __init__(self, limits: ResourceLimits, name: str | None = None) -> None:
         # The owner's pid in the name lets a reaper tell leftovers of dead processes from live ones.
-        self.name = name or f"sb-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.name = name or f"sb-{owned_name(uuid.uuid4().hex[:12])}"
         self.dirs: dict[str, Path] = {}
         self._create(limits)
 
@@ -153,8 +155,8 @@ def _rmdir_quiet(path: Path) -> bool:
 
 LAUNCH_FAILED = "patchgym: cannot enter cgroup"
 _JOIN_SCRIPT = (
-    'for f do [ "$f" = -- ] && break; echo $$ > "$f" || { echo "%s $f" >&2; exit 125; }; shift; done; '
-    'shift; exec "$@"' % LAUNCH_FAILED
+    f'for f do [ "$f" = -- ] && break; echo $$ > "$f" || {{ echo "{LAUNCH_FAILED} $f" >&2; exit 125; }}; shift; done; '
+    'shift; exec "$@"'
 )
 
 
@@ -185,37 +187,16 @@ def _prlimit() -> str:
 def reap_stale_cgroups() -> int:
     """Kill and remove patchgym cgroups whose owning process is dead; return how many."""
     removed = 0
-    for base in [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory")] + [
-        CGROUP_ROOT / CGROUP_PARENT
-    ]:
-        if not base.is_dir():
-            continue
-        for child in base.iterdir():
-            owner = _owner_pid(child.name)
-            if owner is None or _pid_alive(owner):
+    bases = [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory")] + [CGROUP_ROOT / CGROUP_PARENT]
+    for base in bases:
+        for child in stale_children(base):
+            if not child.is_dir():
                 continue
             stale = ProcessGroup.__new__(ProcessGroup)
             stale.name, stale.dirs = child.name, {"stale": child}
             stale.destroy()
             removed += 1
     return removed
-
-
-def _owner_pid(name: str) -> int | None:
-    parts = name.split("-")
-    if len(parts) == 3 and parts[0] == "sb" and parts[1].isdigit():
-        return int(parts[1])
-    return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _is_zombie(pid: int) -> bool:

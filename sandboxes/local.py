@@ -8,12 +8,10 @@ that mode bounds resources and cleans up, but it does not contain hostile code.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +19,11 @@ from pathlib import Path
 from .base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment
 from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
-from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher, reap_stale_cgroups
+from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
 from .output import DEFAULT_OUTPUT_LIMIT
 from .paths import cache_dir
 from .process import run_capped
+from .reaper import owned_name
 from .repos import copy_checkout, pristine_checkout
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ class LocalSandbox:
             _warn_unisolated()
         self._lock = threading.RLock()
         self._closed = False
-        self.id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.id = owned_name(uuid.uuid4().hex[:12])
         self.root = cache_dir("sandboxes") / self.id
         self.workspace = self.root / "testbed"
         self.tmp = self.root / "tmp"
@@ -86,7 +85,6 @@ class LocalSandbox:
                 checkout_id=f"{spec.repo}@{spec.base_commit}", run_install=self._run_install_step,
             )
             self.root.mkdir(parents=True)
-            (self.root / "owner.json").write_text(json.dumps({"pid": os.getpid(), "created": time.time()}))
             self._hidden = [Path(p) for p in spec.hidden_paths] + list(self.env.masked) + [
                 cache_dir("checkouts"), cache_dir("mirrors"), cache_dir("sandboxes")]
             self._group = ProcessGroup(self.limits)
@@ -251,7 +249,7 @@ class LocalSandbox:
         if not bwrap_path():
             _run(["bash", "-c", command], log_file, cwd=self._template, env=_venv_env(venv))
             return
-        build_dir = cache_dir("builds") / uuid.uuid4().hex[:12]
+        build_dir = cache_dir("builds") / owned_name(uuid.uuid4().hex[:12])
         try:
             copy_checkout(self._template, build_dir / "testbed")
             (build_dir / "tmp").mkdir()
@@ -323,25 +321,3 @@ def _warn_unisolated() -> None:
             "(Debian: apt-get install bubblewrap) before running untrusted code."
         )
 
-
-def reap_stale_sandboxes() -> int:
-    """Remove sandbox directories and cgroups left behind by dead processes; return how many."""
-    removed = reap_stale_cgroups()
-    root = cache_dir("sandboxes")
-    for child in root.iterdir():
-        try:
-            owner = json.loads((child / "owner.json").read_text())["pid"]
-        except (OSError, ValueError, KeyError):
-            owner = int(child.name.split("-")[0]) if child.name.split("-")[0].isdigit() else None
-        if owner is None or owner == os.getpid():
-            continue
-        try:
-            os.kill(owner, 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(child, ignore_errors=True)
-        removed += 1
-    return removed

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -271,24 +270,26 @@ def test_unisolated_fallback_warns_and_still_works(calc_task, caplog, monkeypatc
 
 def test_reaper_removes_leftovers_of_dead_processes(calc_task, tmp_path):
     """A sandbox owned by a process that died (kill -9) is found and removed."""
-    import json
     import sys
 
-    from sandboxes import reap_stale_sandboxes
+    from sandboxes import reap_stale
     from sandboxes.paths import cache_dir
 
     script = (
         "import os, sys\n"
-        "sys.path[:0] = [%r]\n"
+        f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
         "from gym_envs import load_tasks\n"
         "from gym_envs.backends import make_sandbox\n"
-        "sb = make_sandbox(load_tasks(%r)[0])\n"
-        "print(sb.root, flush=True)\n"
+        f"sb = make_sandbox(load_tasks({str(calc_task.source_file)!r})[0])\n"
+        "print(os.getpid(), sb.root, flush=True)\n"
         "os.kill(os.getpid(), 9)\n"
-    ) % (str(Path(__file__).parents[1]), str(calc_task.source_file))
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
-    leftover = Path(proc.stdout.strip())
-    assert leftover.is_dir() and json.loads((leftover / "owner.json").read_text())["pid"] > 0
-    assert reap_stale_sandboxes() >= 1
+    pid, root = proc.stdout.split()
+    leftover = Path(root)
+    assert leftover.is_dir() and leftover.name.startswith(f"{pid}-")
+    cgroups = list(Path("/sys/fs/cgroup/pids/patchgym").glob(f"sb-{pid}-*"))
+    assert reap_stale() >= 1
     assert not leftover.exists()
     assert leftover.parent == cache_dir("sandboxes")
+    assert all(not p.exists() for p in cgroups)

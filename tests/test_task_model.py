@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import calc_task_row
 
 from gym_envs import Task, TaskFileError, load_task_set, load_tasks, save_tasks
-
-from conftest import calc_task_row
 
 
 def _row(**overrides) -> dict:

@@ -1,0 +1,59 @@
+"""Finding and removing what crashed processes left behind.
+
+Everything a process creates on the host (sandbox directories, its /etc copy, build directories,
+cgroups) is named ``<owner pid>-<random>``, so a reaper can tell leftovers of dead processes from
+the live ones of any process, this one included.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .paths import cache_dir
+
+OWNED_DIRS = ("sandboxes", "etc", "builds")
+
+
+def owned_name(suffix: str) -> str:
+    return f"{os.getpid()}-{suffix}"
+
+
+def owner_of(name: str) -> int | None:
+    head = name.removeprefix("sb-").split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def stale_children(root: Path) -> list[Path]:
+    """Entries of ``root`` whose owner process is dead."""
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        owner = owner_of(child.name)
+        if owner is not None and not is_alive(owner):
+            out.append(child)
+    return out
+
+
+def reap_stale() -> int:
+    """Remove leftovers of dead processes (cgroups first, so their processes die); return how many."""
+    from .limits import reap_stale_cgroups
+
+    removed = reap_stale_cgroups()
+    for kind in OWNED_DIRS:
+        for child in stale_children(cache_dir(kind)):
+            shutil.rmtree(child, ignore_errors=True)
+            removed += 1
+    return removed

@@ -1,0 +1,78 @@
+"""Task environments: interpreter choice, install steps that see the repository at /testbed,
+caching, and build failures reported as infrastructure failures."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import PYTEST_PIN, calc_task_row
+
+from gym_envs import Verifier, load_tasks
+from gym_envs.backends import make_sandbox
+from sandboxes import EnvironmentBuildError, EnvironmentSpec
+from sandboxes.environments import ensure_environment, find_interpreter
+
+
+def _task(tmp_path, calc_repo, **overrides):
+    repo, info = calc_repo
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(calc_task_row(repo, info, **overrides)) + "\n")
+    return load_tasks(path)[0]
+
+
+def test_interpreter_choice():
+    here = find_interpreter(EnvironmentSpec(python=f"{sys.version_info.major}.{sys.version_info.minor}"))
+    assert here.version.startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
+    with pytest.raises(EnvironmentBuildError, match="no Python interpreter on this host satisfies '==2.5'"):
+        find_interpreter(EnvironmentSpec(python="==2.5"))
+    with pytest.raises(EnvironmentBuildError, match="invalid python constraint"):
+        find_interpreter(EnvironmentSpec(python="three"))
+
+
+def test_environment_is_built_once_and_shared(calc_task):
+    spec = calc_task.environment.to_spec()
+    first = ensure_environment(spec)
+    second = ensure_environment(spec)
+    assert first.venv == second.venv and (first.venv / "bin" / "python").exists()
+    assert json.loads((first.venv.parent / "ready.json").read_text())["spec"]["packages"] == [PYTEST_PIN]
+
+
+def test_install_steps_run_against_the_workspace_path(tmp_path, calc_repo):
+    """An editable install made at build time must import each sandbox's own workspace."""
+    task = _task(tmp_path, calc_repo, instance_id="fixture__calc-editable", environment={
+        "python": ">=3.9",
+        "packages": [PYTEST_PIN, "setuptools>=70.1"],
+        "pre_install": ["echo pre-install-ran > \"$VIRTUAL_ENV/pre-install.txt\""],
+        "install": ["python -m pip install --no-deps --no-build-isolation -e ."],
+    })
+    sb = make_sandbox(task)
+    try:
+        assert (sb.env.venv / "pre-install.txt").read_text().strip() == "pre-install-ran"
+        sb.write_file("calc/__init__.py", sb.read_file("calc/__init__.py") + b"\nEDITED_HERE = True\n")
+        out = sb.exec("cd /tmp && python -c 'import calc; print(calc.__file__, calc.EDITED_HERE)'").output
+        assert out.split() == [f"{sb.workdir}/calc/__init__.py", "True"], out
+    finally:
+        sb.close()
+    report = Verifier().verify(task, task.patch)
+    assert report.resolved, report.test_output[-1500:]
+
+
+def test_environment_build_failure_is_an_infrastructure_failure(tmp_path, calc_repo):
+    task = _task(tmp_path, calc_repo, instance_id="fixture__calc-badenv", environment={
+        "python": ">=3.9", "packages": ["patchgym-no-such-package-anywhere==0.0.0"]})
+    report = Verifier().verify(task, task.patch)
+    assert report.infrastructure_failure and not report.resolved
+    assert "patchgym-no-such-package-anywhere" in report.infrastructure_failure_reason
+    # A failed build is not cached as ready: the next attempt tries again.
+    with pytest.raises(EnvironmentBuildError):
+        make_sandbox(task)
+
+
+def test_unknown_repository_is_a_clear_error(tmp_path, calc_repo):
+    from gym_envs import TaskFileError
+
+    task = _task(tmp_path, calc_repo, repo_path="nowhere/repo.bundle")
+    with pytest.raises(TaskFileError, match="repo_path 'nowhere/repo.bundle' does not exist"):
+        make_sandbox(task)
