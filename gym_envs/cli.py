@@ -45,10 +45,15 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _load(tasks: Path | None, ids: list[str] | None = None) -> TaskSet:
+    return _load_with_selection(tasks, ids)[1]
+
+
+def _load_with_selection(tasks: Path | None, ids: list[str] | None) -> tuple[TaskSet, TaskSet]:
+    """The whole task set and the selected part of it (``ids`` repeated or comma-separated)."""
     try:
         task_set = load_task_set(tasks)
         wanted = [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]
-        return task_set.select(wanted or None)
+        return task_set, task_set.select(wanted or None)
     except (TaskFileError, UnknownTaskError) as exc:
         _fail(str(exc))
         raise  # unreachable
@@ -153,11 +158,13 @@ def eval_cmd(
     force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
 ) -> None:
     """Grade predictions and write SWE-bench-style reports."""
-    task_set = _load(tasks, instance_ids)
+    everything, task_set = _load_with_selection(tasks, instance_ids)
     try:
-        preds = load_predictions(predictions, task_set)
+        # Checked against the whole task set: a predictions file may cover more than the selection.
+        preds = load_predictions(predictions, everything)
     except TaskFileError as exc:
         _fail(str(exc))
+    preds = {i: p for i, p in preds.items() if i in task_set}
     if not preds:
         _fail("no predictions for the selected instances")
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem

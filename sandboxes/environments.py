@@ -152,7 +152,7 @@ def ensure_environment(
 ) -> BuiltEnvironment:
     """Return the cached venv for ``spec``, building it first if needed (once, under a lock).
 
-    ``run_install(command, venv, log_file)`` runs one ``install`` step against ``checkout``; the
+    ``run_install(command, built, log_file)`` runs one ``install`` step against ``checkout``; the
     sandbox backend supplies it so that the step sees the repository where tests will see it.
     """
     interpreter = find_interpreter(spec)
@@ -175,20 +175,20 @@ def ensure_environment(
         started = time.monotonic()
         log.info("building environment %s (python %s)", key, interpreter.version)
         try:
-            _run([interpreter.executable, "-m", "venv", str(venv)], log_file, cwd=root)
-            env = _venv_env(venv)
+            run_logged([interpreter.executable, "-m", "venv", str(venv)], log_file, cwd=root)
+            env = venv_environ(venv)
             for command in spec.pre_install:
-                _run(["bash", "-c", command], log_file, cwd=checkout or root, env=env)
+                run_logged(["bash", "-c", command], log_file, cwd=checkout or root, env=env)
             if spec.packages:
-                _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                run_logged([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
                       "--no-input", *spec.packages], log_file, cwd=root, env=env)
             for command in spec.install:
                 if checkout is None:
                     raise EnvironmentBuildError("install steps need a repository checkout")
                 if run_install is not None:
-                    run_install(command, venv, log_file)
+                    run_install(command, built, log_file)
                 else:
-                    _run(["bash", "-c", command], log_file, cwd=checkout, env=env)
+                    run_logged(["bash", "-c", command], log_file, cwd=checkout, env=env)
         except EnvironmentBuildError:
             raise
         except Exception as exc:  # pragma: no cover - unexpected OS errors
@@ -199,7 +199,7 @@ def ensure_environment(
     return built
 
 
-def _venv_env(venv: Path) -> dict[str, str]:
+def venv_environ(venv: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -208,7 +208,7 @@ def _venv_env(venv: Path) -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], log_file: Path, *, cwd: Path, env: dict[str, str] | None = None) -> None:
+def run_logged(argv: list[str], log_file: Path, *, cwd: Path, env: dict[str, str] | None = None) -> None:
     with log_file.open("ab") as fh:
         fh.write(f"$ {' '.join(argv)}\n".encode())
         fh.flush()

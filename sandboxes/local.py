@@ -8,16 +8,18 @@ that mode bounds resources and cleans up, but it does not contain hostile code.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
+import stat
 import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError
-from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment
+from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
 from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
 from .output import DEFAULT_OUTPUT_LIMIT
@@ -134,7 +136,7 @@ class LocalSandbox:
         with self._lock:
             self._check_open()
             host = self._host_path(path)
-            fd = _open_nofollow(host, os.O_RDONLY)
+            fd = _open_regular(host, os.O_RDONLY)
             with os.fdopen(fd, "rb") as fh:
                 return fh.read()
 
@@ -144,7 +146,7 @@ class LocalSandbox:
             host = self._host_path(path)
             host.parent.mkdir(parents=True, exist_ok=True)
             self._host_path(str(host.parent))  # re-check: mkdir must not have crossed a symlink
-            fd = _open_nofollow(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = _open_regular(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data.encode() if isinstance(data, str) else data)
 
@@ -155,20 +157,20 @@ class LocalSandbox:
         external diff drivers), so it never runs on the host here.
         """
         name = f".patchgym-diff-{uuid.uuid4().hex}"
-        index = f"/tmp/{name}.index"
+        index = f"$TMPDIR/{name}.index"  # TMPDIR: /tmp isolated, the sandbox's tmp otherwise
         cmd = (
             f"export GIT_INDEX_FILE={index}; "
             "G='git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= "
             "-c core.pager=cat'; "
             f"$G add -A . && $G diff --cached --binary --no-color --no-ext-diff {self.base_commit} "
-            f"> /tmp/{name}; rc=$?; rm -f {index}; exit $rc"
+            f"> $TMPDIR/{name}; rc=$?; rm -f {index}; exit $rc"
         )
         result = self.exec(cmd, timeout=120)
         if not result.ok:
             raise SandboxError(f"could not compute the workspace diff: {result.output[-2000:]}")
         host = self.tmp / name
         try:
-            fd = _open_nofollow(host, os.O_RDONLY)
+            fd = _open_regular(host, os.O_RDONLY)
             with os.fdopen(fd, "rb") as fh:
                 return fh.read().decode("utf-8", errors="replace")
         finally:
@@ -242,35 +244,26 @@ class LocalSandbox:
             env.update(extra)
         return env
 
-    def _run_install_step(self, command: str, venv: Path, log_file: Path) -> None:
-        """Run an environment ``install`` step with the checkout where sandboxes will have it."""
-        from .environments import _run, _venv_env  # local: only needed while building
-
+    def _run_install_step(self, command: str, built: BuiltEnvironment, log_file: Path) -> None:
+        """Run an environment ``install`` step with the checkout where sandboxes will have it:
+        at ``/testbed``, so that an editable install serves every sandbox's own workspace."""
+        env = venv_environ(built.venv)
         if not bwrap_path():
-            _run(["bash", "-c", command], log_file, cwd=self._template, env=_venv_env(venv))
+            run_logged(["bash", "-c", command], log_file, cwd=self._template, env=env)
             return
         build_dir = cache_dir("builds") / owned_name(uuid.uuid4().hex[:12])
         try:
             copy_checkout(self._template, build_dir / "testbed")
             (build_dir / "tmp").mkdir()
-            env = _venv_env(venv)
-            env["HOME"] = str(Path.home())
+            env["HOME"] = str(Path.home())  # the host's pip configuration and cache
             mounts = Mounts(workspace=build_dir / "testbed", tmp=build_dir / "tmp",
-                            read_only=[Path(self.env_interpreter_prefix(venv))],
-                            read_write=[venv] + [p for p in _pip_config_dirs() if p.exists()],
+                            read_only=[Path(built.interpreter.base_prefix)],
+                            read_write=[built.venv] + [p for p in _pip_config_dirs() if p.exists()],
                             network=True)
             argv = bwrap_argv(mounts, env, ["bash", "-c", command], SANDBOX_WORKDIR)
-            _run(argv, log_file, cwd=build_dir)
+            run_logged(argv, log_file, cwd=build_dir)
         finally:
             shutil.rmtree(build_dir, ignore_errors=True)
-
-    @staticmethod
-    def env_interpreter_prefix(venv: Path) -> str:
-        cfg = (venv / "pyvenv.cfg").read_text()
-        for line in cfg.splitlines():
-            if line.startswith("home"):
-                return str(Path(line.split("=", 1)[1].strip()).resolve().parent)
-        raise SandboxError(f"{venv} has no pyvenv.cfg home")
 
     def _sandbox_path(self, path: str) -> str:
         """Map a user path to the path commands see, refusing anything outside the workspace."""
@@ -297,13 +290,22 @@ class LocalSandbox:
         return host
 
 
-def _open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+def _open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
+    """Open a regular file without following a final symlink and without blocking on a FIFO
+    (an agent can leave either where the harness will read or write)."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the last component is a symlink
+        if exc.errno == errno.ELOOP:
             raise PathOutsideWorkspaceError(f"{path} is a symbolic link") from None
+        if exc.errno == errno.ENXIO:
+            raise IsADirectoryError(f"{path} is not a regular file") from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _pip_config_dirs() -> list[Path]:

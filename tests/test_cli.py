@@ -72,6 +72,21 @@ def test_eval_rejects_bad_predictions(calc_tasks_file, tmp_path, content, messag
     assert message in " ".join(result.output.split())
 
 
+def test_instance_ids_select_from_a_larger_predictions_file(calc_repo, tmp_path):
+    from conftest import calc_task_row
+
+    repo, info = calc_repo
+    tasks = tmp_path / "two.jsonl"
+    tasks.write_text("".join(json.dumps(calc_task_row(repo, info, instance_id=i)) + "\n" for i in ("c-1", "c-2")))
+    preds = tmp_path / "p.jsonl"
+    preds.write_text("".join(json.dumps({"instance_id": i, "model_patch": ""}) + "\n" for i in ("c-1", "c-2")))
+    out = tmp_path / "o"
+    result = run("eval", "--predictions", str(preds), "--tasks", str(tasks), "--instance-ids", "c-2", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["total_ids"] == ["c-2"] and report["submitted_ids"] == ["c-2"]
+
+
 def test_unknown_ids_backend_and_task_files_are_clear_errors(calc_tasks_file, tmp_path):
     result = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--instance-ids", "nope")
     assert result.exit_code == 2 and "unknown instance id 'nope'" in result.output

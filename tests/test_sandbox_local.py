@@ -115,6 +115,13 @@ def test_paths_outside_the_workspace_are_refused(calc_sandbox):
         sb.write_file("updir/escape.txt", "x")
     with pytest.raises(PathOutsideWorkspaceError):
         sb.exec("true", cwd="/")
+    sb.exec("mkfifo pipe")
+    start = time.monotonic()
+    with pytest.raises(OSError, match="not a regular file"):
+        sb.read_file("pipe")
+    with pytest.raises(OSError, match="not a regular file"):
+        sb.write_file("pipe", "x")
+    assert time.monotonic() - start < 5
 
 
 def test_close_is_idempotent_and_frees_everything(calc_task):
@@ -262,6 +269,8 @@ def test_unisolated_fallback_warns_and_still_works(calc_task, caplog, monkeypatc
         assert "WITHOUT network or filesystem isolation" in caplog.text
         result = sb.exec("python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -1")
         assert "7 passed" in result.output
+        sb.write_file("calc/new.py", "X = 1\n")
+        assert "calc/new.py" in sb.diff()
     finally:
         sb.close()
     with pytest.raises(SandboxError, match="bubblewrap isolation was required"):
