@@ -32,6 +32,7 @@ from .task import Task
 log = logging.getLogger(__name__)
 
 PATCH_FILE = ".patchgym-patch.diff"
+APPLY_MARK = "patchgym-applied-with:"
 LOG_LIMIT = 512 * 1024
 
 
@@ -159,19 +160,18 @@ def apply_patch(sandbox: Sandbox, patch: str, *, fuzzy: bool = True) -> str | No
     """Apply ``patch`` in the sandbox; return the method that worked, or None.
 
     A failed ``git apply`` changes nothing, and ``patch`` runs only after its dry run succeeded, so
-    every attempt starts from the same tree.
+    every attempt starts from the same tree. All attempts run in one command (each command costs a
+    sandbox start); the last output line names the method that worked.
     """
     if not patch.endswith("\n"):
         patch += "\n"
     sandbox.write_file(PATCH_FILE, patch)
-    attempts = [("git apply", f"git apply --verbose --whitespace=nowarn {PATCH_FILE}")]
-    if fuzzy:
-        attempts.append(("patch --fuzz", f"patch --batch --fuzz=5 -p1 --dry-run -i {PATCH_FILE} >/dev/null && "
-                                         f"patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -i {PATCH_FILE}"))
-    try:
-        for name, command in attempts:
-            if sandbox.exec(command, timeout=120).ok:
-                return name
-        return None
-    finally:
-        sandbox.exec(f"rm -f {PATCH_FILE}", timeout=30)
+    fuzz = f"patch --batch --fuzz=5 -p1 -i {PATCH_FILE}"
+    fallback = (f"elif {fuzz} --dry-run >/dev/null && {fuzz} --no-backup-if-mismatch; then m='patch --fuzz'; "
+                if fuzzy else "")
+    script = (f"if git apply --verbose --whitespace=nowarn {PATCH_FILE}; then m='git apply'; {fallback}"
+              f"else m=''; fi; rm -f {PATCH_FILE}; echo; echo \"{APPLY_MARK}$m\"")
+    result = sandbox.exec(script, timeout=120)
+    last = result.output.rstrip("\n").rsplit("\n", 1)[-1]
+    method = last[len(APPLY_MARK):] if last.startswith(APPLY_MARK) else ""
+    return method or None

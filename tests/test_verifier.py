@@ -174,6 +174,8 @@ class _ForgingSandbox:
                             for n in command.split() if n.startswith("tests/"))
             self.files[path] = f"<testsuites><testsuite>{cases}</testsuite></testsuites>".encode()
             return ExecResult(self.exit_code, "", False, 0.1)
+        if "git apply" in command:
+            return ExecResult(0, "Applied patch cleanly.\n\npatchgym-applied-with:git apply\n", False, 0.01)
         return ExecResult(0, "", False, 0.01)
 
     def write_file(self, path, data):
