@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from .catalog import TaskSet
-from .task import TaskFileError, read_rows
+from .task import TaskFileError, read_models
 
 GOLD = "gold"
 EMPTY = "empty"
@@ -36,18 +36,8 @@ def load_predictions(source: str, tasks: TaskSet) -> dict[str, Prediction]:
     path = Path(source).expanduser()
     if not path.is_file():
         raise TaskFileError(f"{path}: no such predictions file (or use 'gold' or 'empty')")
-    rows = read_rows(path)
     out: dict[str, Prediction] = {}
-    for where, row in rows:
-        if not isinstance(row, dict):
-            raise TaskFileError(f"{path}:{where}: expected a JSON object")
-        try:
-            pred = Prediction.model_validate(row)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise TaskFileError(f"{path}:{where}: field {'.'.join(map(str, err['loc']))!r}: {err['msg']}") from None
-        if pred.instance_id in out:
-            raise TaskFileError(f"{path}:{where}: duplicate prediction for {pred.instance_id!r}")
+    for where, pred in read_models(path, Prediction):
         if pred.instance_id not in tasks:
             raise TaskFileError(f"{path}:{where}: unknown instance id {pred.instance_id!r} "
                                 f"(not in {tasks.origin or 'the task set'})")

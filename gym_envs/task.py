@@ -11,11 +11,13 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from sandboxes import EnvironmentSpec
+
+M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_TEST_COMMAND = "python -m pytest -p no:cacheprovider"
 
@@ -175,23 +177,31 @@ def read_rows(path: Path) -> Iterator[tuple[str, Any]]:
     return _rows_json(path, text) if path.suffix == ".json" else _rows_jsonl(path, text)
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """Load tasks from a ``.jsonl`` file (one per line) or a ``.json`` file (an array)."""
-    path = Path(path)
-    rows = read_rows(path)
-    tasks: list[Task] = []
+def read_models(path: Path, model: type[M]) -> Iterator[tuple[str, M]]:
+    """Validate each row of a JSON/JSONL file as ``model`` (which has an ``instance_id``).
+
+    Errors name the file, the line and the field; an ``instance_id`` seen twice is an error.
+    """
     seen: dict[str, str] = {}
-    for where, row in rows:
+    for where, row in read_rows(path):
         if not isinstance(row, dict):
             raise TaskFileError(f"{path}:{where}: expected a JSON object, got {type(row).__name__}")
         try:
-            task = Task.model_validate(row)
+            item = model.model_validate(row)
         except ValidationError as exc:
             raise TaskFileError(_format_error(path, where, exc)) from None
-        if task.instance_id in seen:
-            raise TaskFileError(f"{path}:{where}: field 'instance_id': duplicate {task.instance_id!r} "
-                                f"(first at {seen[task.instance_id]})")
-        seen[task.instance_id] = where
+        key = item.instance_id
+        if key in seen:
+            raise TaskFileError(f"{path}:{where}: field 'instance_id': duplicate {key!r} (first at {seen[key]})")
+        seen[key] = where
+        yield where, item
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Load tasks from a ``.jsonl`` file (one per line) or a ``.json`` file (an array)."""
+    path = Path(path)
+    tasks: list[Task] = []
+    for _, task in read_models(path, Task):
         task._source_file = path.resolve()
         tasks.append(task)
     return tasks
