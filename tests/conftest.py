@@ -44,10 +44,10 @@ def build_calc_repo(dest: Path) -> dict:
     shutil.copy(src / "fix" / "tests" / "test_calc.py", dest / "tests" / "test_calc.py")
     test_patch = git(dest, "diff")
     git(dest, "checkout", "-q", "--", ".")
-    commit_tree(dest, src / "fix", "Fix mean() of an empty sequence", "2026-01-03T10:00:00Z")
+    fix = commit_tree(dest, src / "fix", "Fix mean() of an empty sequence", "2026-01-03T10:00:00Z")
     commit_tree(dest, src / "future", "Release 0.2", "2026-01-04T10:00:00Z")
     git(dest, "tag", "v0.2")
-    return {"base": base, "patch": patch, "test_patch": test_patch}
+    return {"base": base, "patch": patch, "test_patch": test_patch, "fix_commit": fix}
 
 
 def calc_task_row(repo: Path, info: dict, **overrides) -> dict:
