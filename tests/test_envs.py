@@ -116,7 +116,7 @@ def test_invalid_actions_explain_and_continue(env, action, message):
 def test_immediate_submit_is_not_rewarded(env):
     env.reset()
     obs, reward, term, trunc, info = env.step({"name": "submit", "arguments": {}})
-    assert term and not trunc and reward == 0.0
+    assert term and not trunc and reward == 0.0 and info["elapsed"] > 0 and "_started" not in info
     assert info["resolved"] is False and info["report"]["patch_exists"] is False
     assert not info["infrastructure_failure"]
     with pytest.raises(RuntimeError, match="call reset"):

@@ -113,6 +113,7 @@ class RepoEnv(gym.Env[str, Any]):
         self.editor: StrReplaceEditor | None = None
         self._steps = 0
         self._started = 0.0
+        self._step_started = 0.0
         self._done = True
         self._start_error: str | None = None
 
@@ -157,7 +158,7 @@ class RepoEnv(gym.Env[str, Any]):
         if self._done or self.task is None:
             raise RuntimeError("the episode is over (or was never started): call reset()")
         self._steps += 1
-        started = time.monotonic()
+        self._step_started = time.monotonic()
         info: dict[str, Any] = {"step": self._steps, "tool": None, "invalid_action": False, "error": None,
                                 "exit_code": None}
         if self._start_error is not None:
@@ -176,7 +177,7 @@ class RepoEnv(gym.Env[str, Any]):
             report = InstanceReport(instance_id=self.task.instance_id, infrastructure_failure=True,
                                     infrastructure_failure_reason=f"{type(exc).__name__}: {exc}")
             return self._finish(report, None, info, truncated=False)
-        info["elapsed"] = round(time.monotonic() - started, 4)
+        info["elapsed"] = self._step_elapsed()
         observation = fit_observation(observation)
         if self._out_of_budget():
             if self.grade_on_truncation:
@@ -210,6 +211,9 @@ class RepoEnv(gym.Env[str, Any]):
         known = ", ".join(t["function"]["name"] for t in self.tools)
         raise InvalidAction(f"unknown tool {name!r}; the tools are: {known}")
 
+    def _step_elapsed(self) -> float:
+        return round(time.monotonic() - self._step_started, 4)
+
     def _out_of_budget(self) -> bool:
         if self._steps >= self.max_steps:
             return True
@@ -232,6 +236,7 @@ class RepoEnv(gym.Env[str, Any]):
         self._done = True
         self._close_sandbox()
         info.update(grading_info(report, patch))
+        info["elapsed"] = self._step_elapsed()
         if report.infrastructure_failure:
             verdict = f"The episode ended by an infrastructure failure: {report.infrastructure_failure_reason}"
         else:
