@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .files import PathOutsideWorkspaceError
+
+__all__ = ["EnvironmentBuildError", "ExecResult", "PathOutsideWorkspaceError", "Sandbox", "SandboxClosedError",
+           "SandboxError"]
+
 
 @dataclass(frozen=True)
 class ExecResult:
@@ -46,10 +51,6 @@ class EnvironmentBuildError(SandboxError):
 
 class SandboxClosedError(SandboxError):
     """An operation was attempted on a sandbox after ``close()``."""
-
-
-class PathOutsideWorkspaceError(ValueError):
-    """A file path given to ``read_file``/``write_file`` points outside the sandbox's workspace."""
 
 
 @runtime_checkable

@@ -8,18 +8,18 @@ that mode bounds resources and cleans up, but it does not contain hostile code.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
-import stat
 import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError
+from .base import ExecResult, SandboxClosedError, SandboxError
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
+from .files import read_regular, resolve_in_workspace, write_regular
+from .gitops import workspace_diff
 from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
 from .output import DEFAULT_OUTPUT_LIMIT
@@ -135,46 +135,16 @@ class LocalSandbox:
     def read_file(self, path: str) -> bytes:
         with self._lock:
             self._check_open()
-            host = self._host_path(path)
-            fd = _open_regular(host, os.O_RDONLY)
-            with os.fdopen(fd, "rb") as fh:
-                return fh.read()
+            return read_regular(self.workspace, path, (SANDBOX_WORKDIR,))
 
     def write_file(self, path: str, data: bytes | str) -> None:
         with self._lock:
             self._check_open()
-            host = self._host_path(path)
-            host.parent.mkdir(parents=True, exist_ok=True)
-            self._host_path(str(host.parent))  # re-check: mkdir must not have crossed a symlink
-            fd = _open_regular(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data.encode() if isinstance(data, str) else data)
+            write_regular(self.workspace, path, data.encode() if isinstance(data, str) else data,
+                          (SANDBOX_WORKDIR,))
 
     def diff(self) -> str:
-        """Workspace change against the base commit, computed *inside* the sandbox.
-
-        Git in an agent-controlled repository can run agent-chosen programs (hooks, fsmonitor,
-        external diff drivers), so it never runs on the host here.
-        """
-        name = f".patchgym-diff-{uuid.uuid4().hex}"
-        index = f"$TMPDIR/{name}.index"  # TMPDIR: /tmp isolated, the sandbox's tmp otherwise
-        cmd = (
-            f"export GIT_INDEX_FILE={index}; "
-            "G='git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= "
-            "-c core.pager=cat'; "
-            f"$G add -A . && $G diff --cached --binary --no-color --no-ext-diff {self.base_commit} "
-            f"> $TMPDIR/{name}; rc=$?; rm -f {index}; exit $rc"
-        )
-        result = self.exec(cmd, timeout=120)
-        if not result.ok:
-            raise SandboxError(f"could not compute the workspace diff: {result.output[-2000:]}")
-        host = self.tmp / name
-        try:
-            fd = _open_regular(host, os.O_RDONLY)
-            with os.fdopen(fd, "rb") as fh:
-                return fh.read().decode("utf-8", errors="replace")
-        finally:
-            host.unlink(missing_ok=True)
+        return workspace_diff(self)
 
     def reset(self) -> None:
         with self._lock:
@@ -267,45 +237,9 @@ class LocalSandbox:
 
     def _sandbox_path(self, path: str) -> str:
         """Map a user path to the path commands see, refusing anything outside the workspace."""
-        host = self._host_path(path)
+        host = resolve_in_workspace(self.workspace, path, (SANDBOX_WORKDIR,))
         rel = host.relative_to(self.workspace.resolve())
         return str(Path(self.workdir) / rel) if str(rel) != "." else self.workdir
-
-    def _host_path(self, path: str) -> Path:
-        """The host path for a workspace path; symlinks may not lead outside the workspace."""
-        ws = self.workspace.resolve()
-        p = Path(path)
-        if p.is_absolute():
-            for prefix in (SANDBOX_WORKDIR, str(self.workspace), str(ws)):
-                try:
-                    p = Path(path).relative_to(prefix)
-                    break
-                except ValueError:
-                    continue
-            else:
-                raise PathOutsideWorkspaceError(f"{path} is outside the workspace {self.workdir}")
-        host = (ws / p).resolve()
-        if host != ws and ws not in host.parents:
-            raise PathOutsideWorkspaceError(f"{path} resolves outside the workspace {self.workdir}")
-        return host
-
-
-def _open_regular(path: Path, flags: int, mode: int = 0o644) -> int:
-    """Open a regular file without following a final symlink and without blocking on a FIFO
-    (an agent can leave either where the harness will read or write)."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise PathOutsideWorkspaceError(f"{path} is a symbolic link") from None
-        if exc.errno == errno.ENXIO:
-            raise IsADirectoryError(f"{path} is not a regular file") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise IsADirectoryError(f"{path} is not a regular file")
-    os.set_blocking(fd, True)
-    return fd
 
 
 def _pip_config_dirs() -> list[Path]:
