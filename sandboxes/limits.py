@@ -40,6 +40,7 @@ class ResourceLimits:
     max_processes: int = 512
     file_size_bytes: int = 1 << 30
     open_files: int = 4096
+    cpus: float = 2.0  # CPU share of a container (Docker backend)
 
 
 class ProcessGroup:

@@ -1,0 +1,115 @@
+"""The in-container command server of the Docker backend (standard library only).
+
+Started once per container (one ``docker exec`` through the API), it answers JSON-line requests on
+stdin — exec, read, write, reset, ping — so a command costs a process spawn inside the container
+instead of a Docker API round trip and a new exec session (tens of milliseconds). It reuses the
+host's own modules, copied next to it as the package ``pgrt``: the same capped, hang-free process
+runner and the same workspace file checks as the local backend.
+
+After every command, every process that was not there when the server started is killed: nothing a
+command starts survives it, exactly as with the local backend.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pgrt.files import PathOutsideWorkspaceError, read_regular, write_regular  # noqa: E402
+from pgrt.process import run_capped  # noqa: E402
+
+WORKSPACE = Path("/testbed")
+PRISTINE = Path("/opt/patchgym/pristine")
+ALIASES = (str(WORKSPACE),)
+PROTECTED = {int(p) for p in os.listdir("/proc") if p.isdigit()} | {os.getpid()}
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return "X"
+
+
+def kill_strays(_proc: object = None) -> None:
+    """SIGKILL every live process started after this server (zombies are the init's to reap)."""
+    for _ in range(400):
+        victims = [pid for pid in (int(p) for p in os.listdir("/proc") if p.isdigit())
+                   if pid not in PROTECTED and _state(pid) not in ("Z", "X")]
+        if not victims:
+            return
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+
+
+def _clear(directory: Path) -> None:
+    for entry in directory.iterdir() if directory.exists() else ():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def handle(request: dict) -> dict:
+    op = request.get("op")
+    if op == "exec":
+        env = dict(os.environ)
+        env.update(request.get("env") or {})
+        result = run_capped(["bash", "-c", request["command"]], timeout=float(request["timeout"]),
+                            output_limit=int(request["limit"]), cwd=request.get("cwd") or str(WORKSPACE),
+                            env=env, kill_tree=kill_strays)
+        return {"exit_code": result.exit_code, "output": result.output, "timed_out": result.timed_out,
+                "duration": result.duration, "truncated": result.truncated}
+    if op == "read":
+        return {"data": base64.b64encode(read_regular(WORKSPACE, request["path"], ALIASES)).decode()}
+    if op == "write":
+        write_regular(WORKSPACE, request["path"], base64.b64decode(request["data"]), ALIASES)
+        return {}
+    if op == "reset":
+        kill_strays()
+        _clear(WORKSPACE)
+        shutil.copytree(PRISTINE, WORKSPACE, symlinks=True, dirs_exist_ok=True)
+        _clear(Path("/tmp"))
+        return {}
+    if op == "ping":
+        return {"pid": os.getpid()}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    if not PRISTINE.exists():  # the pristine copy reset() restores from
+        shutil.copytree(WORKSPACE, PRISTINE, symlinks=True)
+    out = sys.stdout
+    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            response = handle(request)
+        except PathOutsideWorkspaceError as exc:
+            response = {"error": "outside", "message": str(exc)}
+        except FileNotFoundError as exc:
+            response = {"error": "notfound", "message": str(exc)}
+        except IsADirectoryError as exc:
+            response = {"error": "notregular", "message": str(exc)}
+        except Exception as exc:  # reported to the host, never fatal to the server
+            response = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps(response) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

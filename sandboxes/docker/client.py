@@ -1,0 +1,42 @@
+"""The Docker engine connection, and the labels that mark what patchgym owns."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from ..base import SandboxError
+
+# Every container and image patchgym creates carries MANAGED_LABEL=1 plus its kind; gc and the
+# reaper only ever touch objects with this label.
+MANAGED_LABEL = "org.patchgym.managed"
+KIND_LABEL = "org.patchgym.kind"  # base | env | instance | sandbox | build
+OWNER_LABEL = "org.patchgym.owner"  # "<hostname>:<pid>" of the process that made a container
+DEFAULT_RELEASE = os.environ.get("PATCHGYM_DEBIAN_RELEASE", "bookworm")
+
+
+@lru_cache(maxsize=1)
+def docker_client():
+    """A client for the local engine (``DOCKER_HOST`` honoured); a clear error when unreachable."""
+    try:
+        import docker
+    except ImportError as exc:  # pragma: no cover - docker is a dependency
+        raise SandboxError("the docker Python package is not installed (pip install docker)") from exc
+    try:
+        client = docker.from_env(timeout=300)
+        client.ping()
+    except Exception as exc:
+        raise SandboxError(f"no Docker engine is reachable ({exc}); start dockerd or set DOCKER_HOST") from None
+    return client
+
+
+def docker_available() -> bool:
+    try:
+        docker_client()
+        return True
+    except SandboxError:
+        return False
+
+
+def owner_id() -> str:
+    return f"{os.uname().nodename}:{os.getpid()}"

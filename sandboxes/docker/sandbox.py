@@ -1,0 +1,239 @@
+"""The Docker backend: one container per sandbox, from cached layered images.
+
+Each container runs with no network, memory/CPU/pids limits, patchgym's ownership labels, and a
+hard lifetime the container enforces itself (its main process is ``sleep LIFETIME`` under Docker's
+init, and it is removed when that ends), so a killed client cannot leave it running forever.
+Commands go through one long-lived in-container command server (see ``agent.py``), not one
+``docker exec`` per command. ``reset()`` restores the pristine tree in place from a copy taken when
+the container started.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import posixpath
+import threading
+from collections import deque
+from typing import Any
+
+from ..base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError
+from ..gitops import workspace_diff
+from ..limits import ResourceLimits
+from ..local import SandboxSpec
+from ..output import DEFAULT_OUTPUT_LIMIT
+from .client import DEFAULT_RELEASE, KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client, owner_id
+from .connection import AGENT_DIR, AgentConnection, agent_archive
+
+log = logging.getLogger(__name__)
+
+WORKDIR = "/testbed"
+DEFAULT_LIFETIME = 6 * 3600
+GRACE = 30.0  # beyond a command's own timeout before the server counts as hung
+
+
+def _run_container(image: str, limits: ResourceLimits, lifetime: int, network: bool):
+    """Start a container for ``image`` and connect to its command server."""
+    import docker
+
+    client = docker_client()
+    ulimits = [
+        docker.types.Ulimit(name="cpu", soft=limits.cpu_seconds, hard=limits.cpu_seconds + 5),
+        docker.types.Ulimit(name="fsize", soft=limits.file_size_bytes, hard=limits.file_size_bytes),
+        docker.types.Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files),
+        docker.types.Ulimit(name="core", soft=0, hard=0),
+    ]
+    container = client.containers.run(
+        image, ["sleep", str(int(lifetime))], detach=True, init=True, auto_remove=True,
+        network_mode=None if network else "none", mem_limit=limits.memory_bytes,
+        memswap_limit=limits.memory_bytes, pids_limit=limits.max_processes,
+        nano_cpus=int(limits.cpus * 1e9), ulimits=ulimits, working_dir=WORKDIR,
+        labels={MANAGED_LABEL: "1", KIND_LABEL: "sandbox", OWNER_LABEL: owner_id()},
+    )
+    try:
+        if not container.put_archive(posixpath.dirname(AGENT_DIR), agent_archive()):
+            raise SandboxError("could not copy the command server into the container")
+        return container, AgentConnection(client, container.id)
+    except BaseException:
+        _remove(container)
+        raise
+
+
+def _remove(container) -> None:
+    try:
+        container.remove(force=True)
+    except Exception as exc:  # already gone (auto_remove) or the engine is down
+        log.debug("removing container %s: %s", getattr(container, "id", "?")[:12], exc)
+
+
+class WarmPool:
+    """Pre-started containers per (image, limits), handed out at once and refilled in the background.
+
+    A fresh sandbox from the pool costs one request to an already running command server instead
+    of a container start. ``size`` 0 disables it.
+    """
+
+    def __init__(self, size: int = 0, *, lifetime: int = DEFAULT_LIFETIME) -> None:
+        self.size = size
+        self.lifetime = lifetime
+        self._ready: dict[tuple, deque] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def acquire(self, image: str, limits: ResourceLimits, network: bool):
+        key = (image, limits, network)
+        with self._lock:
+            queue = self._ready.setdefault(key, deque())
+            item = queue.popleft() if queue else None
+        if self.size > 0:
+            threading.Thread(target=self._refill, args=(key,), daemon=True).start()
+        return item if item is not None else _run_container(image, limits, self.lifetime, network)
+
+    def prefill(self, image: str, limits: ResourceLimits, network: bool = False) -> None:
+        """Start the pool's containers for ``image`` now (blocking)."""
+        self._refill((image, limits, network))
+
+    def _refill(self, key: tuple) -> None:
+        while True:
+            with self._lock:
+                if self._closed or len(self._ready.get(key, ())) >= self.size:
+                    return
+            try:
+                container, connection = _run_container(key[0], key[1], self.lifetime, key[2])
+            except Exception as exc:
+                log.warning("warm pool could not start a container: %s", exc)
+                return
+            with self._lock:
+                if not self._closed:
+                    self._ready.setdefault(key, deque()).append((container, connection))
+                    continue
+            connection.close()  # the pool closed while this one was starting
+            _remove(container)
+            return
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            items = [item for queue in self._ready.values() for item in queue]
+            self._ready.clear()
+        for container, connection in items:
+            connection.close()
+            _remove(container)
+
+
+class DockerSandbox:
+    """A :class:`~sandboxes.base.Sandbox` in a Docker container (workspace at ``/testbed``)."""
+
+    workdir = WORKDIR
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        *,
+        limits: ResourceLimits | None = None,
+        release: str = DEFAULT_RELEASE,
+        network: bool = False,
+        pool: WarmPool | None = None,
+        lifetime: int = DEFAULT_LIFETIME,
+    ) -> None:
+        from .images import instance_image
+
+        self.spec = spec
+        self.base_commit = spec.base_commit
+        self.limits = limits or ResourceLimits()
+        self._lock = threading.RLock()
+        self._closed = False
+        self.image = instance_image(spec.repo, spec.base_commit, spec.environment, release=release)
+        if pool is not None:
+            self.container, self._conn = pool.acquire(self.image, self.limits, network)
+        else:
+            self.container, self._conn = _run_container(self.image, self.limits, lifetime, network)
+        self.id = self.container.id[:12]
+
+    def exec(self, command: str, timeout: float = 60.0, cwd: str | None = None,
+             env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+        run_cwd = None
+        if cwd is not None:
+            self._check_path(cwd)
+            run_cwd = cwd if cwd.startswith("/") else f"{WORKDIR}/{cwd}"
+        response = self._request({"op": "exec", "command": command, "timeout": timeout, "cwd": run_cwd,
+                                  "env": env or {}, "limit": output_limit or DEFAULT_OUTPUT_LIMIT},
+                                 timeout + GRACE)
+        return ExecResult(exit_code=response["exit_code"], output=response["output"],
+                          timed_out=response["timed_out"], duration=response["duration"],
+                          truncated=response["truncated"])
+
+    def read_file(self, path: str) -> bytes:
+        return base64.b64decode(self._request({"op": "read", "path": path}, 120)["data"])
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self._request({"op": "write", "path": path, "data": base64.b64encode(raw).decode()}, 120)
+
+    def diff(self) -> str:
+        return workspace_diff(self)
+
+    def reset(self) -> None:
+        self._request({"op": "reset"}, 300)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._conn.close()
+            _remove(self.container)
+
+    def __enter__(self) -> DockerSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check_path(self, path: str) -> None:
+        if path.startswith("/") and path != WORKDIR and not path.startswith(WORKDIR + "/"):
+            raise PathOutsideWorkspaceError(f"{path} is outside the workspace {WORKDIR}")
+
+    def _request(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        with self._lock:
+            if self._closed:
+                raise SandboxClosedError(f"sandbox {getattr(self, 'id', '?')} is closed")
+            response = self._conn.request(payload, timeout)
+        error = response.get("error")
+        if error == "outside":
+            raise PathOutsideWorkspaceError(response["message"])
+        if error == "notfound":
+            raise FileNotFoundError(response["message"])
+        if error == "notregular":
+            raise IsADirectoryError(response["message"])
+        if error:
+            raise SandboxError(f"sandbox {self.id}: {response['message']}")
+        return response
+
+
+def gc_containers(*, include_live_owners: bool = False) -> list[str]:
+    """Remove patchgym containers whose owning process is gone (found by label); return their ids.
+
+    Containers without patchgym's label are never touched; a container owned by a live process of
+    this host is kept unless ``include_live_owners``.
+    """
+    from ..reaper import is_alive
+
+    client = docker_client()
+    removed = []
+    host = owner_id().split(":")[0]
+    for container in client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=1"}):
+        owner = container.labels.get(OWNER_LABEL, "")
+        owner_host, _, pid = owner.partition(":")
+        alive = owner_host == host and pid.isdigit() and is_alive(int(pid))
+        if alive and not include_live_owners:
+            continue
+        _remove(container)
+        removed.append(container.id[:12])
+    return removed
