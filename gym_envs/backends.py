@@ -10,7 +10,7 @@ from sandboxes import LocalSandbox, ResourceLimits, Sandbox, SandboxSpec
 from .catalog import hidden_paths, repo_source
 from .task import Task
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "docker")
 
 SandboxFactory = Callable[[Task], Sandbox]
 
@@ -31,11 +31,18 @@ def sandbox_spec(task: Task) -> SandboxSpec:
 
 def make_sandbox(task: Task, backend: str = "local", **options: Any) -> Sandbox:
     """Create a fresh sandbox for ``task`` on ``backend`` (``options`` go to the backend)."""
+    limits = options.pop("limits", None)
+    if limits is not None and not isinstance(limits, ResourceLimits):
+        limits = ResourceLimits(**limits)
     if backend == "local":
-        limits = options.pop("limits", None)
-        if limits is not None and not isinstance(limits, ResourceLimits):
-            limits = ResourceLimits(**limits)
         return LocalSandbox(sandbox_spec(task), limits=limits, **options)
+    if backend == "docker":
+        from sandboxes.docker import DockerSandbox, shared_pool
+
+        pool_size = options.pop("pool_size", None)
+        if pool_size:
+            options["pool"] = shared_pool(int(pool_size))
+        return DockerSandbox(sandbox_spec(task), limits=limits, **options)
     raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
 
 

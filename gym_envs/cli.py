@@ -15,7 +15,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sandboxes import reap_stale
+from sandboxes import SandboxError, reap_stale
 
 from .backends import BACKENDS, sandbox_factory
 from .catalog import TaskSet, UnknownTaskError, load_task_set
@@ -29,6 +29,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SWE-bench-style verifiable-reward environments.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Browse and validate task sets.")
 app.add_typer(tasks_app, name="tasks")
+sandboxes_app = typer.Typer(no_args_is_help=True, help="Sandboxes left behind by crashed processes.")
+app.add_typer(sandboxes_app, name="sandboxes")
 console = Console(stderr=True)
 out = Console()
 
@@ -62,10 +64,38 @@ def _load_with_selection(tasks: Path | None, ids: list[str] | None) -> tuple[Tas
 def _verifier(backend: str, isolation: str) -> Verifier:
     options = {"isolation": isolation} if backend == "local" else {}
     try:
-        return Verifier(sandbox_factory(backend, **options))
+        verifier = Verifier(sandbox_factory(backend, **options))
     except ValueError as exc:
         _fail(str(exc))
         raise
+    _reap(docker=backend == "docker")
+    return verifier
+
+
+def _reap(*, docker: bool, everything: bool = False) -> dict[str, int]:
+    """Remove what dead processes left: local sandboxes and cgroups, and patchgym's containers."""
+    removed = {"local": reap_stale(), "docker": 0}
+    if docker:
+        from sandboxes.docker import gc_containers
+
+        try:
+            removed["docker"] = len(gc_containers(include_live_owners=everything))
+        except SandboxError as exc:
+            _fail(str(exc))
+    return removed
+
+
+@sandboxes_app.command("gc")
+def sandboxes_gc(
+    docker: Annotated[bool, typer.Option("--docker/--no-docker", help="Also remove patchgym's containers.")] = True,
+    everything: Annotated[bool, typer.Option("--all", help="Containers of live processes too.")] = False,
+) -> None:
+    """Remove sandboxes, cgroups and containers whose owning process is gone (never anything
+    without patchgym's label)."""
+    from sandboxes.docker import docker_available
+
+    removed = _reap(docker=docker and docker_available(), everything=everything)
+    out.print(f"removed {removed['local']} local leftovers and {removed['docker']} containers")
 
 
 def _progress() -> Progress:
@@ -117,7 +147,6 @@ def tasks_validate(
     """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
     task_set = _load(tasks, instance_ids)
     verifier = _verifier(backend, isolation)
-    reap_stale()
     with _progress() as progress:
         bar = progress.add_task("validating", total=len(task_set), status="")
         bad = 0
@@ -170,7 +199,6 @@ def eval_cmd(
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
     output = output or Path("patchgym-runs") / name
     verifier = _verifier(backend, isolation)
-    reap_stale()
     counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
     with _progress() as progress:
         bar = progress.add_task("evaluating", total=len(preds), status="")

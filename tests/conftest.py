@@ -116,3 +116,30 @@ def calc_sandbox(calc_task):
 
 def docker_required() -> bool:
     return os.environ.get("PATCHGYM_REQUIRE_DOCKER") == "1"
+
+
+def require_docker() -> None:
+    """Skip when no Docker engine is reachable, unless CI demands Docker (then fail)."""
+    from sandboxes.docker.client import docker_available
+
+    if docker_available():
+        return
+    if docker_required():
+        pytest.fail("PATCHGYM_REQUIRE_DOCKER=1 but no Docker engine is reachable")
+    pytest.skip("no Docker engine is reachable (start dockerd; CI sets PATCHGYM_REQUIRE_DOCKER=1)")
+
+
+@pytest.fixture(scope="session")
+def docker_base() -> str:
+    """The Debian base image, bootstrapped once (debootstrap + docker import) when missing."""
+    require_docker()
+    from sandboxes.docker.images import bootstrap_base
+
+    return bootstrap_base()
+
+
+@pytest.fixture(params=["local", "docker"])
+def backend(request) -> str:
+    if request.param == "docker":
+        request.getfixturevalue("docker_base")
+    return request.param
