@@ -173,5 +173,6 @@ def apply_patch(sandbox: Sandbox, patch: str, *, fuzzy: bool = True) -> str | No
               f"else m=''; fi; rm -f {PATCH_FILE}; echo; echo \"{APPLY_MARK}$m\"")
     result = sandbox.exec(script, timeout=120)
     last = result.output.rstrip("\n").rsplit("\n", 1)[-1]
-    method = last[len(APPLY_MARK):] if last.startswith(APPLY_MARK) else ""
-    return method or None
+    if not last.startswith(APPLY_MARK):  # the script itself did not run: the sandbox is broken
+        raise SandboxError(f"patch application did not run: {result.output[-1000:]}")
+    return last[len(APPLY_MARK):] or None

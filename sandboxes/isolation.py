@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -33,15 +34,26 @@ ETC_ENTRIES = (
 TOP_LEVEL_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
-@lru_cache(maxsize=1)
+_probe_lock = threading.Lock()
+
+
 def bwrap_path() -> str | None:
     """The bubblewrap binary, if it is installed *and* works here (namespaces may be forbidden)."""
+    with _probe_lock:  # probed once per process, even when workers ask at the same time
+        return _probe_bwrap()
+
+
+@lru_cache(maxsize=1)
+def _probe_bwrap() -> str | None:
     if os.environ.get("PATCHGYM_NO_BWRAP") == "1":
         return None
     path = shutil.which("bwrap")
     if path is None:
         return None
-    probe = [path, "--unshare-all", "--die-with-parent"] + _system_binds() + ["--", "true"]
+    # The probe mounts what every real command mounts: inside some containers namespaces work but
+    # mounting a new /proc is refused, and a probe without it would wrongly pass.
+    probe = [path, "--unshare-all", "--die-with-parent", *_system_binds(), "--proc", "/proc",
+             "--dev", "/dev", "--tmpfs", "/tmp", "--", "true"]
     try:
         ok = subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.TimeoutExpired):

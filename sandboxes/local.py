@@ -115,22 +115,37 @@ class LocalSandbox:
             run_cwd = workdir if cwd is None else self._sandbox_path(cwd)
             full_env = self._command_env(env)
             argv = ["bash", "-c", command]
-            if self._bwrap_prefix is not None:
-                argv = with_command(self._bwrap_prefix, full_env, argv, run_cwd)
-                host_cwd = None
-            else:
-                host_cwd = run_cwd
+            status_read, status_write = os.pipe() if self._bwrap_prefix is not None else (-1, -1)
             try:
-                result = run_capped(
-                    launcher(self.limits, self._group) + argv, timeout=timeout,
-                    output_limit=output_limit or DEFAULT_OUTPUT_LIMIT, cwd=host_cwd, env=full_env,
-                    kill_tree=self._kill_tree,
-                )
-            except FileNotFoundError as exc:
-                raise SandboxError(f"cannot run command: {exc}") from exc
-            if result.exit_code == 125 and result.output.startswith(LAUNCH_FAILED):
-                raise SandboxError(f"sandbox {self.id} is broken: {result.output.strip()[:500]}")
-            return result
+                if self._bwrap_prefix is not None:
+                    # The shell inside the sandbox writes one byte to this pipe before the command
+                    # runs: without it, a failure is bubblewrap's own (infrastructure), whatever
+                    # the output says; with it, it is the command's.
+                    started = f"printf S >&{status_write} && exec {status_write}>&-\n{command}"
+                    argv = with_command(self._bwrap_prefix, full_env, ["bash", "-c", started], run_cwd)
+                    host_cwd = None
+                else:
+                    host_cwd = run_cwd
+                try:
+                    result = run_capped(
+                        launcher(self.limits, self._group) + argv, timeout=timeout,
+                        output_limit=output_limit or DEFAULT_OUTPUT_LIMIT, cwd=host_cwd, env=full_env,
+                        kill_tree=self._kill_tree, pass_fds=(status_write,) if status_write >= 0 else (),
+                    )
+                except FileNotFoundError as exc:
+                    raise SandboxError(f"cannot run command: {exc}") from exc
+                if result.exit_code == 125 and result.output.startswith(LAUNCH_FAILED):
+                    raise SandboxError(f"sandbox {self.id} is broken: {result.output.strip()[:500]}")
+                if status_write >= 0:
+                    os.close(status_write)
+                    status_write = -1
+                    if not _read_all(status_read) and not result.timed_out:
+                        raise SandboxError(f"bubblewrap could not start the command: {result.output.strip()[:500]}")
+                return result
+            finally:
+                for fd in (status_read, status_write):
+                    if fd >= 0:
+                        os.close(fd)
 
     def read_file(self, path: str) -> bytes:
         with self._lock:
@@ -240,6 +255,13 @@ class LocalSandbox:
         host = resolve_in_workspace(self.workspace, path, (SANDBOX_WORKDIR,))
         rel = host.relative_to(self.workspace.resolve())
         return str(Path(self.workdir) / rel) if str(rel) != "." else self.workdir
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _pip_config_dirs() -> list[Path]:

@@ -37,6 +37,7 @@ def run_capped(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     kill_tree: KillTree = kill_process_group,
+    pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run ``argv`` and return its :class:`ExecResult`.
 
@@ -53,6 +54,7 @@ def run_capped(
         cwd=cwd,
         env=dict(env) if env is not None else None,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()

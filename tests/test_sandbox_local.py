@@ -302,3 +302,12 @@ def test_reaper_removes_leftovers_of_dead_processes(calc_task, tmp_path):
     assert not leftover.exists()
     assert leftover.parent == cache_dir("sandboxes")
     assert all(not p.exists() for p in cgroups)
+
+
+@needs_bwrap
+def test_bubblewrap_failures_are_infrastructure_not_the_commands(calc_sandbox):
+    fake = calc_sandbox.exec("echo 'bwrap: Operation not permitted' >&2; exit 1")
+    assert fake.exit_code == 1, "a command imitating bubblewrap is still the command's result"
+    calc_sandbox._bwrap_prefix = calc_sandbox._bwrap_prefix + ["--bind", "/nonexistent-patchgym", "/x"]
+    with pytest.raises(SandboxError, match="bubblewrap could not start the command"):
+        calc_sandbox.exec("echo hi")

@@ -1,0 +1,727 @@
+"""Docker images for sandboxes, in three content-addressed layers: base, environment, instance.
+
+``patchgym/base:<release>``
+    A Debian root filesystem made with ``debootstrap`` (minbase plus Python, venv, git, patch,
+    procps and CA certificates) and imported with ``docker import``. No image registry is needed:
+    only a Debian mirror, which is what air-gapped clusters usually have (an internal mirror or
+    an apt proxy). This is the first-class offline path::
+
+        patchgym images bootstrap --release bookworm [--mirror http://apt.internal/debian]
+
+    The mirror defaults to the host's own apt mirror for Debian (``/etc/apt/sources.list.d/*.sources``
+    or ``/etc/apt/sources.list``), else ``http://deb.debian.org/debian``. The host's CA certificates
+    (``/usr/local/share/ca-certificates``, and every bundle named by ``SSL_CERT_FILE``,
+    ``REQUESTS_CA_BUNDLE``, ``PIP_CERT`` or ``CURL_CA_BUNDLE``) and its pip configuration
+    (``/etc/pip.conf``, ``/etc/xdg/pip/``) are copied in, so that pip inside the image reaches the
+    same index, through the same TLS interception, as pip on the host. The Python version is that of
+    the release (bullseye 3.9, bookworm 3.11, trixie 3.13) and is recorded in the image's
+    ``org.patchgym.python`` label.
+
+``patchgym/env:<hash>``
+    The base plus a venv at ``/opt/venv`` with an :class:`~sandboxes.environments.EnvironmentSpec`'s
+    ``pre_install`` steps and ``packages`` (pip, from the host's index: every ``PIP_*`` and proxy
+    variable of the host is passed in). Keyed by the base image id and the spec, so every task that
+    shares a spec shares the image.
+
+``patchgym/instance:<hash>``
+    The environment plus the repository at ``base_commit`` in ``/testbed`` — a pristine checkout with
+    no later history (:func:`sandboxes.repos.pristine_checkout`) — after the spec's ``install`` steps.
+
+Each build runs under a file lock (in ``$PATCHGYM_DOCKER_LOCKS``, default ``/tmp/patchgym-docker-<uid>``:
+shared by every cache on the host, as images are global to the engine), so concurrent processes
+build an image once. Build containers
+carry ``org.patchgym.kind=build`` and are always removed; every image carries
+``org.patchgym.managed=1`` and its kind, and :func:`prune_images` never touches anything else.
+``progress`` callbacks are called only for work actually done (a cached image reports nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from functools import lru_cache
+from pathlib import Path
+
+from ..base import EnvironmentBuildError, SandboxError
+from ..environments import EnvironmentSpec
+from ..locks import file_lock
+from ..paths import cache_dir
+from ..reaper import owned_name
+from ..repos import _source_id, pristine_checkout
+from .client import DEFAULT_RELEASE, KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client, owner_id
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None] | None
+
+BASE_REPO = "patchgym/base"
+ENV_REPO = "patchgym/env"
+INSTANCE_REPO = "patchgym/instance"
+PYTHON_LABEL = "org.patchgym.python"  # the base image's python3 version
+RELEASES = ("bullseye", "bookworm", "trixie")
+RELEASE_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}  # for error messages only
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+BASE_PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "procps", "diffutils")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+VENV = "/opt/venv"
+WORKDIR = "/testbed"
+STANDARD_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE")
+PIP_CONFIG_FILES = ("/etc/pip.conf",)
+PIP_CONFIG_DIRS = ("/etc/xdg/pip",)
+HOST_CA_DIR = "/usr/local/share/ca-certificates"
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+DEBOOTSTRAP_TIMEOUT = 3600.0
+BUILD_TIMEOUT = 3600.0
+LOG_TAIL = 3000
+
+
+def _lock_path(name: str) -> Path:
+    """A lock shared by every process using this engine, whatever its ``PATCHGYM_HOME``: images are
+    global to the engine, so builds must be serialized across caches too."""
+    default = Path(tempfile.gettempdir()) / f"patchgym-docker-{os.getuid()}"
+    root = Path(os.environ.get("PATCHGYM_DOCKER_LOCKS") or default)
+    return root / f"{name}.lock"
+
+
+def _report(progress: Progress, message: str) -> None:
+    log.info("%s", message)
+    if progress is not None:
+        progress(message)
+
+
+def _client():
+    return docker_client()
+
+
+@lru_cache(maxsize=1)
+def _build_client():
+    """A client whose socket timeout outlasts a silent build step (a long compile, a slow download).
+
+    :func:`docker_client` checks that the engine is reachable; this one shares its environment.
+    """
+    docker_client()
+    import docker
+
+    return docker.from_env(timeout=int(BUILD_TIMEOUT) + 120)
+
+
+def _image(ref: str):
+    """The image ``ref`` or None."""
+    import docker.errors
+
+    try:
+        return _client().images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"cannot inspect image {ref}: {exc}") from None
+
+
+def _digest(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-LOG_TAIL:]
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------------------------------
+# base image
+
+
+def host_mirror(default: str = DEFAULT_MIRROR, *, apt_dir: Path = Path("/etc/apt")) -> str:
+    """The host's apt mirror for the main Debian archive (not security, not updates), else ``default``."""
+    candidates: list[str] = []
+    sources_d = apt_dir / "sources.list.d"
+    for path in sorted(sources_d.glob("*.sources")) if sources_d.is_dir() else []:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for stanza in re.split(r"\n\s*\n", text):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                if line.startswith("#") or ":" not in line or line[:1].isspace():
+                    continue
+                key, _, value = line.partition(":")
+                fields[key.strip().lower()] = value.strip()
+            if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes").lower() == "no":
+                continue
+            suites = fields.get("suites", "").split()
+            if suites and all("-" in s or "/" in s for s in suites):
+                continue  # only security / updates / backports suites
+            candidates += fields.get("uris", "").split()
+    lists = [apt_dir / "sources.list"]
+    lists += sorted(sources_d.glob("*.list")) if sources_d.is_dir() else []
+    for path in lists:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            words = re.sub(r"\[[^\]]*\]", " ", line.split("#", 1)[0]).split()
+            if len(words) >= 3 and words[0] == "deb" and "-" not in words[2]:
+                candidates.append(words[1])
+    for uri in candidates:
+        if uri.startswith(("http://", "https://", "file:/")) and "security" not in uri:
+            return uri.rstrip("/")
+    return default
+
+
+def _run_logged(argv: list[str], log_file: Path, *, timeout: float, what: str,
+                stdin=subprocess.DEVNULL, env: dict[str, str] | None = None) -> None:
+    with log_file.open("ab") as fh:
+        fh.write(f"$ {' '.join(argv)}\n".encode())
+        fh.flush()
+        try:
+            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=stdin, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise EnvironmentBuildError(f"{what} timed out after {timeout:.0f}s (log: {log_file})") from None
+        except OSError as exc:
+            raise EnvironmentBuildError(f"{what} could not start ({exc})") from None
+    if proc.returncode != 0:
+        raise EnvironmentBuildError(
+            f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\nlog: {log_file}\n{_tail(log_file)}")
+
+
+def _install_into(root: Path, path: str, source: Path, log_file: Path) -> None:
+    """Copy the host file ``source`` to ``path`` inside ``root``.
+
+    Done through ``chroot`` so that symlinks in the target resolve inside the root filesystem, never
+    on the host; an existing file or symlink at ``path`` is replaced.
+    """
+    script = 'mkdir -p "$(dirname "$1")" && rm -f "$1" && cat > "$1" && chmod 0644 "$1"'
+    with source.open("rb") as fh:
+        _run_logged(["chroot", str(root), "/bin/sh", "-c", script, "sh", path], log_file, timeout=60,
+                    what=f"copying {source} into the image", stdin=fh)
+
+
+def _exists_in(root: Path, path: str) -> bool:
+    return subprocess.run(["chroot", str(root), "/usr/bin/test", "-e", path],
+                          stdin=subprocess.DEVNULL, capture_output=True).returncode == 0
+
+
+def _host_files(directory: str) -> list[Path]:
+    top = Path(directory)
+    if not top.is_dir():
+        return []
+    return sorted(p for p in top.rglob("*") if p.is_file())
+
+
+def _copy_host_trust(root: Path, log_file: Path, progress: Progress) -> None:
+    """The host's CA certificates and pip configuration, into ``root``."""
+    local_cas = _host_files(HOST_CA_DIR)
+    if local_cas:
+        _report(progress, f"adding {len(local_cas)} local CA certificate(s) from {HOST_CA_DIR}")
+        for cert in local_cas:
+            _install_into(root, f"{HOST_CA_DIR}/{cert.relative_to(HOST_CA_DIR)}", cert, log_file)
+        _run_logged(["chroot", str(root), "update-ca-certificates"], log_file, timeout=300,
+                    what="update-ca-certificates in the image")
+    bundles: list[str] = []
+    for var in CA_BUNDLE_VARS:
+        value = os.environ.get(var, "").strip()
+        if value and os.path.isabs(value) and os.path.isfile(value) and value not in bundles:
+            bundles.append(value)
+    for bundle in bundles:
+        normalized = os.path.normpath(bundle)
+        if normalized == STANDARD_BUNDLE:
+            # The host's bundle is the system one plus the host's own CAs: a superset of the image's.
+            _report(progress, f"using the host's CA bundle {bundle}")
+            _install_into(root, STANDARD_BUNDLE, Path(bundle), log_file)
+        elif not _exists_in(root, normalized):
+            _report(progress, f"adding the host's CA bundle {bundle}")
+            _install_into(root, normalized, Path(bundle), log_file)
+    pip_files = [Path(p) for p in PIP_CONFIG_FILES if Path(p).is_file()]
+    for directory in PIP_CONFIG_DIRS:
+        pip_files += _host_files(directory)
+    if pip_files:
+        _report(progress, f"copying the host's pip configuration ({', '.join(map(str, pip_files))})")
+        for path in pip_files:
+            _install_into(root, str(path), path, log_file)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    found = []
+    try:
+        with open("/proc/self/mounts") as fh:
+            for line in fh:
+                point = line.split()[1].encode().decode("unicode_escape")
+                if point.startswith(prefix):
+                    found.append(point)
+    except OSError:
+        pass
+    return sorted(found, key=len, reverse=True)
+
+
+def _remove_rootfs(path: Path) -> None:
+    """Remove a build root filesystem, first unmounting anything debootstrap left mounted in it."""
+    if not path.exists():
+        return
+    for point in _mounts_under(path):
+        subprocess.run(["umount", "-l", point], capture_output=True, stdin=subprocess.DEVNULL)
+    left = _mounts_under(path)
+    if left:
+        log.error("not removing %s: still mounted: %s", path, ", ".join(left))
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _clean_rootfs(root: Path) -> None:
+    for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/archives/partial/*", "var/cache/apt/*.bin",
+                    "var/lib/apt/lists/*", "var/log/*.log", "var/log/apt/*", "tmp/*", "var/tmp/*"):
+        for p in root.glob(pattern):
+            if p.name == "lock":
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+    (root / "etc" / "hostname").write_text("patchgym\n")
+    (root / "etc" / "resolv.conf").unlink(missing_ok=True)  # docker mounts its own
+
+
+def _tar_chunks(root: Path, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """A tar of ``root`` (numeric owners, modes, links, device nodes kept), streamed in chunks.
+
+    The contents of ``/dev``, ``/proc`` and ``/sys`` are left out: the engine provides them.
+    """
+    read_fd, write_fd = os.pipe()
+    errors: list[BaseException] = []
+    skip = {"dev", "proc", "sys"}
+
+    def writer() -> None:
+        try:
+            with os.fdopen(write_fd, "wb") as sink, \
+                    tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for dirpath, dirnames, filenames in os.walk(root):
+                    rel = os.path.relpath(dirpath, root)
+                    arc_dir = "" if rel == "." else rel
+                    if arc_dir:
+                        tar.add(dirpath, arcname=arc_dir, recursive=False)
+                    if arc_dir in skip:
+                        dirnames[:] = []
+                        continue
+                    links = sorted(d for d in dirnames if os.path.islink(os.path.join(dirpath, d)))
+                    for name in sorted(filenames) + links:  # symlinks to directories are entries, not walked
+                        tar.add(os.path.join(dirpath, name), arcname=os.path.join(arc_dir, name), recursive=False)
+                    dirnames[:] = sorted(d for d in dirnames if d not in links)
+        except BaseException as exc:  # surfaced to the reader
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer, name="rootfs-tar", daemon=True)
+    thread.start()
+    with os.fdopen(read_fd, "rb") as source:
+        while True:
+            data = source.read(chunk)
+            if not data:
+                break
+            yield data
+    thread.join()
+    if errors:
+        raise SandboxError(f"cannot archive the root filesystem {root}: {errors[0]}")
+
+
+def _python_version_in(root: Path) -> str:
+    proc = subprocess.run(["chroot", str(root), "python3", "-c", "import sys; print(sys.version.split()[0])"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    if proc.returncode != 0:
+        raise EnvironmentBuildError(f"python3 does not run in the new root filesystem: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def base_tag(release: str = DEFAULT_RELEASE) -> str:
+    return f"{BASE_REPO}:{release}"
+
+
+def bootstrap_base(release: str = DEFAULT_RELEASE, *, mirror: str | None = None, force: bool = False,
+                   progress: Progress = None) -> str:
+    """Build ``patchgym/base:<release>`` from a Debian mirror with debootstrap; return its tag.
+
+    Skipped when the image exists, unless ``force``. Needs root (debootstrap, chroot) and a Debian
+    mirror — no image registry.
+    """
+    tag = base_tag(release)
+    if not force and _image(tag) is not None:
+        return tag
+    if not re.fullmatch(r"[a-z][a-z0-9.-]*", release):
+        raise EnvironmentBuildError(f"invalid Debian release name {release!r}")
+    if os.geteuid() != 0:
+        raise EnvironmentBuildError("building the base image needs root (debootstrap and chroot)")
+    if shutil.which("debootstrap") is None:
+        raise EnvironmentBuildError("debootstrap is not installed (apt-get install debootstrap)")
+    builds = cache_dir("builds")
+    with file_lock(_lock_path(f"base-{release}")):
+        if not force and _image(tag) is not None:
+            return tag
+        mirror = (mirror or host_mirror()).rstrip("/")
+        started = time.monotonic()
+        work = builds / owned_name(f"base-{release}-{uuid.uuid4().hex[:8]}")
+        root = work / "rootfs"
+        log_file = builds / f"base-{release}.log"
+        log_file.write_text("")
+        try:
+            root.mkdir(parents=True)
+            _report(progress, f"debootstrap {release} from {mirror} (minbase + {', '.join(BASE_PACKAGES)})")
+            _run_logged(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+                         release, str(root), mirror], log_file, timeout=DEBOOTSTRAP_TIMEOUT,
+                        what=f"debootstrap of {release} from {mirror}")
+            _copy_host_trust(root, log_file, progress)
+            _report(progress, "cleaning apt caches")
+            _clean_rootfs(root)
+            python = _python_version_in(root)
+            _report(progress, f"importing the root filesystem as {tag} (python {python})")
+            labels = {MANAGED_LABEL: "1", KIND_LABEL: "base", PYTHON_LABEL: python,
+                      "org.patchgym.release": release}
+            changes = [f"ENV PATH={SYSTEM_PATH}", "ENV LANG=C.UTF-8", 'CMD ["bash"]']
+            changes += [f"LABEL {k}={v}" for k, v in labels.items()]
+            try:
+                _build_client().api.import_image_from_stream(_tar_chunks(root), repository=BASE_REPO, tag=release,
+                                                             changes=changes)
+            except SandboxError:
+                raise
+            except Exception as exc:
+                raise EnvironmentBuildError(f"docker import of {tag} failed: {exc}") from None
+            if _image(tag) is None:
+                raise EnvironmentBuildError(f"docker import reported success but {tag} does not exist")
+        finally:
+            _report(progress, "removing the temporary root filesystem")
+            _remove_rootfs(work)
+        _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
+    return tag
+
+
+def _ensure_base(release: str, progress: Progress):
+    image = _image(base_tag(release))
+    if image is None:
+        _report(progress, f"{base_tag(release)} is missing: bootstrapping it")
+        bootstrap_base(release, progress=progress)
+        image = _image(base_tag(release))
+        if image is None:
+            raise EnvironmentBuildError(f"{base_tag(release)} is missing after bootstrap")
+    return image
+
+
+# --------------------------------------------------------------------------------------------------
+# build containers
+
+
+def _path_values(value: str) -> list[str]:
+    return [w for w in re.split(r"\s+", value.strip()) if w]
+
+
+def _host_path(word: str) -> str | None:
+    """The local path a pip option value names, or None for URLs and plain values."""
+    if word.startswith("file://"):
+        return word[len("file://"):] or None
+    if word.startswith("/"):
+        return word
+    return None
+
+
+def build_environ() -> dict[str, str]:
+    """The host's pip, proxy and CA variables to pass into build steps (before path filtering)."""
+    env = {}
+    for key, value in os.environ.items():
+        if key.startswith("PIP_") or key in PROXY_VARS or key in CA_BUNDLE_VARS:
+            env[key] = value
+    return env
+
+
+class _BuildContainer:
+    """A labelled, always-removed container in which build steps run one ``exec`` at a time."""
+
+    def __init__(self, image: str, log_file: Path, *, purpose: str) -> None:
+        import docker.errors
+
+        self.log_file = log_file
+        self.api = _build_client().api
+        try:
+            self.container = _build_client().containers.run(
+                image, ["sleep", "infinity"], detach=True, network_mode="bridge", working_dir="/",
+                labels={MANAGED_LABEL: "1", KIND_LABEL: "build", OWNER_LABEL: owner_id()},
+                name=f"patchgym-build-{uuid.uuid4().hex[:12]}",
+            )
+        except docker.errors.DockerException as exc:
+            raise EnvironmentBuildError(f"cannot start a build container for {purpose} from {image}: {exc}") from None
+        self.env = self._filtered_environ()
+
+    def _filtered_environ(self) -> dict[str, str]:
+        """Host pip/proxy/CA variables, without values naming host paths that the image lacks."""
+        env = build_environ()
+        paths = sorted({p for v in env.values() for w in _path_values(v) if (p := _host_path(w))})
+        present: set[str] = set()
+        if paths:
+            script = 'for p; do if test -e "$p"; then printf "%s\\n" "$p"; fi; done'
+            code, output = self.run_capture([script, "sh", *paths], shell_args=True)
+            if code != 0:
+                raise EnvironmentBuildError(f"cannot check paths in the build container: {output.strip()}")
+            present = set(output.splitlines())
+        kept: dict[str, str] = {}
+        for key, value in env.items():
+            words = _path_values(value)
+            local = [w for w in words if _host_path(w)]
+            if not local:
+                kept[key] = value
+                continue
+            remaining = [w for w in words if not _host_path(w) or _host_path(w) in present]
+            if remaining:
+                kept[key] = " ".join(remaining)
+            else:
+                log.info("not passing %s=%s into the build: no such path in the image", key, value)
+        with self.log_file.open("a") as fh:
+            fh.write(f"# host variables passed in: {', '.join(sorted(kept)) or '-'}\n")
+        return kept
+
+    def run_capture(self, args: list[str], *, shell_args: bool = False) -> tuple[int, str]:
+        argv = ["sh", "-c", *args] if shell_args else args
+        exec_id = self.api.exec_create(self.container.id, argv, stdout=True, stderr=True)["Id"]
+        output = self.api.exec_start(exec_id).decode(errors="replace")
+        return self.api.exec_inspect(exec_id)["ExitCode"], output
+
+    def run(self, argv: list[str], *, what: str, workdir: str = "/", env: dict[str, str] | None = None) -> None:
+        command = ["timeout", "-k", "10", str(int(BUILD_TIMEOUT)), *argv]
+        environment = {**self.env, **(env or {})}
+        with self.log_file.open("ab") as fh:
+            fh.write(f"$ {' '.join(argv)}   (cwd {workdir})\n".encode())
+            fh.flush()
+            try:
+                exec_id = self.api.exec_create(self.container.id, command, stdout=True, stderr=True,
+                                               environment=environment, workdir=workdir)["Id"]
+                for chunk in self.api.exec_start(exec_id, stream=True):
+                    fh.write(chunk)
+                    fh.flush()
+                code = self.api.exec_inspect(exec_id)["ExitCode"]
+            except Exception as exc:
+                raise EnvironmentBuildError(f"{what}: the Docker engine failed ({exc})\nlog: {self.log_file}") from None
+        if code == 124:
+            raise EnvironmentBuildError(f"{what} timed out after {BUILD_TIMEOUT:.0f}s\nlog: {self.log_file}\n"
+                                        f"{_tail(self.log_file)}")
+        if code != 0:
+            raise EnvironmentBuildError(f"{what} failed (exit {code}): {' '.join(argv)}\nlog: {self.log_file}\n"
+                                        f"{_tail(self.log_file)}")
+
+    def put_archive(self, path: str, data) -> None:
+        if not self.api.put_archive(self.container.id, path, data):
+            raise EnvironmentBuildError(f"copying files into the build container at {path} failed")
+
+    def commit(self, repository: str, tag: str, *, kind: str, changes: list[str]) -> str:
+        labels = {MANAGED_LABEL: "1", KIND_LABEL: kind, OWNER_LABEL: ""}
+        all_changes = [*changes, 'CMD ["bash"]', *(f"LABEL {k}={v}" for k, v in labels.items())]
+        try:
+            self.container.commit(repository=repository, tag=tag, changes=all_changes, pause=True)
+        except Exception as exc:
+            raise EnvironmentBuildError(f"committing {repository}:{tag} failed: {exc}") from None
+        return f"{repository}:{tag}"
+
+    def remove(self) -> None:
+        try:
+            self.container.remove(force=True, v=True)
+        except Exception as exc:  # pragma: no cover - engine trouble; the labels let gc find it
+            log.warning("could not remove build container %s: %s", self.container.name, exc)
+
+    def __enter__(self) -> _BuildContainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def _venv_environ() -> dict[str, str]:
+    return {"VIRTUAL_ENV": VENV, "PATH": f"{VENV}/bin:{SYSTEM_PATH}", "PIP_NO_INPUT": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+# --------------------------------------------------------------------------------------------------
+# environment and instance images
+
+
+def check_python(spec: EnvironmentSpec, base, release: str) -> str:
+    """The base image's python3 version; an :class:`EnvironmentBuildError` unless it fits ``spec``."""
+    from packaging.version import Version
+
+    version = (base.labels or {}).get(PYTHON_LABEL)
+    if not version:
+        out = _client().containers.run(base.id, ["python3", "-c", "import sys; print(sys.version.split()[0])"],
+                                       remove=True, network_mode="none",
+                                       labels={MANAGED_LABEL: "1", KIND_LABEL: "build"})
+        version = out.decode().strip()
+    if Version(version) not in spec.specifier():
+        hints = ", ".join(f"{r} {v}" for r, v in RELEASE_PYTHON.items())
+        raise EnvironmentBuildError(
+            f"Debian {release} provides Python {version}, which does not satisfy the environment's python "
+            f"{spec.python!r}; build on a release whose python3 fits ({hints}) with --release")
+    return version
+
+
+def environment_key(spec: EnvironmentSpec, base_id: str) -> str:
+    return _digest({"base": base_id, "python": spec.python, "packages": list(spec.packages),
+                    "pre_install": list(spec.pre_install)})
+
+
+def environment_image(spec: EnvironmentSpec, *, release: str = DEFAULT_RELEASE, progress: Progress = None) -> str:
+    """The ``patchgym/env:<hash>`` image for ``spec`` (built once if missing); return its tag."""
+    base = _ensure_base(release, progress)
+    check_python(spec, base, release)
+    key = environment_key(spec, base.id)
+    tag = f"{ENV_REPO}:{key}"
+    if _image(tag) is not None:
+        return tag
+    envs = cache_dir("envs")
+    with file_lock(_lock_path(f"env-{key}")):
+        if _image(tag) is not None:
+            return tag
+        log_file = envs / f"docker-{key}.log"
+        log_file.write_text(f"# {tag} from {base_tag(release)} ({base.id})\n")
+        started = time.monotonic()
+        _report(progress, f"building {tag} (python {spec.python}; {', '.join(spec.packages) or 'no packages'})")
+        with _BuildContainer(base.id, log_file, purpose=tag) as box:
+            _report(progress, f"creating {VENV}")
+            box.run(["python3", "-m", "venv", VENV], what="creating the venv")
+            for i, command in enumerate(spec.pre_install, 1):
+                _report(progress, f"pre_install {i}/{len(spec.pre_install)}: {command}")
+                box.run(["bash", "-c", command], what=f"pre_install step {command!r}", env=_venv_environ())
+            if spec.packages:
+                _report(progress, f"pip install {' '.join(spec.packages)}")
+                box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                         *spec.packages], what="pip install", env=_venv_environ())
+            _report(progress, f"committing {tag}")
+            box.commit(ENV_REPO, key, kind="env",
+                       changes=[f"ENV VIRTUAL_ENV={VENV}", f"ENV PATH={VENV}/bin:{SYSTEM_PATH}"])
+        _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
+    return tag
+
+
+def _checkout_tar(checkout: Path, arcname: str) -> tempfile.SpooledTemporaryFile:
+    """A tar of ``checkout`` as ``arcname`` (modes and symlinks kept, owned by root)."""
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    buf = tempfile.SpooledTemporaryFile(max_size=64 << 20, dir=cache_dir("builds"))
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(str(checkout), arcname=arcname, recursive=True, filter=owned_by_root)
+    buf.seek(0)
+    return buf
+
+
+def instance_key(env_id: str, repo: str, base_commit: str, spec: EnvironmentSpec) -> str:
+    return _digest({"env": env_id, "repo": _source_id(repo), "base_commit": base_commit,
+                    "install": list(spec.install)})
+
+
+def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, release: str = DEFAULT_RELEASE,
+                   progress: Progress = None) -> str:
+    """The ``patchgym/instance:<hash>`` image: ``repo`` at ``base_commit`` in ``/testbed`` over the
+    environment image of ``spec``, after ``spec.install``; built once if missing. Return its tag."""
+    env_tag = environment_image(spec, release=release, progress=progress)
+    env = _image(env_tag)
+    if env is None:  # pragma: no cover - removed concurrently
+        raise EnvironmentBuildError(f"{env_tag} disappeared")
+    key = instance_key(env.id, repo, base_commit, spec)
+    tag = f"{INSTANCE_REPO}:{key}"
+    if _image(tag) is not None:
+        return tag
+    envs = cache_dir("envs")
+    with file_lock(_lock_path(f"instance-{key}")):
+        if _image(tag) is not None:
+            return tag
+        log_file = envs / f"docker-{key}.log"
+        log_file.write_text(f"# {tag} from {env_tag}: {repo} at {base_commit}\n")
+        started = time.monotonic()
+        _report(progress, f"building {tag} ({Path(repo).name} at {base_commit[:12]})")
+        checkout = pristine_checkout(repo, base_commit)
+        with _BuildContainer(env.id, log_file, purpose=tag) as box:
+            _report(progress, f"copying the checkout into {WORKDIR}")
+            box.run(["rm", "-rf", WORKDIR], what=f"clearing {WORKDIR}")
+            with _checkout_tar(checkout, WORKDIR.lstrip("/")) as data:
+                box.put_archive("/", data)
+            for i, command in enumerate(spec.install, 1):
+                _report(progress, f"install {i}/{len(spec.install)}: {command}")
+                box.run(["bash", "-c", command], what=f"install step {command!r}", workdir=WORKDIR,
+                        env=_venv_environ())
+            _report(progress, f"committing {tag}")
+            box.commit(INSTANCE_REPO, key, kind="instance", changes=[f"WORKDIR {WORKDIR}"])
+        _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
+    return tag
+
+
+# --------------------------------------------------------------------------------------------------
+# listing and pruning
+
+
+def _managed_images() -> list:
+    try:
+        images = _client().images.list(all=False, filters={"label": f"{MANAGED_LABEL}=1"})
+    except Exception as exc:
+        raise SandboxError(f"cannot list images: {exc}") from None
+    return [i for i in images if (i.labels or {}).get(MANAGED_LABEL) == "1"]
+
+
+def list_images() -> list[dict]:
+    """Every image patchgym made: ``tag`` (``<none>`` when dangling), ``kind``, ``id``, ``size`` (bytes),
+    ``created`` (ISO time), one row per tag."""
+    rows = []
+    for image in _managed_images():
+        for tag in image.tags or ["<none>"]:
+            rows.append({"tag": tag, "kind": image.labels.get(KIND_LABEL, ""), "id": image.id,
+                         "size": image.attrs.get("Size", 0), "created": image.attrs.get("Created", "")})
+    order = {"base": 0, "env": 1, "instance": 2}
+    return sorted(rows, key=lambda r: (order.get(r["kind"], 3), r["tag"]))
+
+
+def prune_images(kinds: Iterable[str] = ("instance", "env"), *, dry_run: bool = False) -> list[str]:
+    """Remove patchgym's images of ``kinds`` that no container (running or not) uses; return their tags
+    (ids for untagged ones). Instances go before environments, environments before bases."""
+    import docker.errors
+
+    wanted = set(kinds)
+    client = _client()
+    try:
+        used = {c.attrs.get("Image") for c in client.containers.list(all=True, ignore_removed=True)}
+    except Exception as exc:
+        raise SandboxError(f"cannot list containers: {exc}") from None
+    order = {"instance": 0, "env": 1, "base": 2}
+    images = [i for i in _managed_images() if i.labels.get(KIND_LABEL) in wanted and i.id not in used]
+    images.sort(key=lambda i: order.get(i.labels.get(KIND_LABEL), -1))
+    removed: list[str] = []
+    for image in images:
+        for ref in image.tags or [image.id]:
+            if not dry_run:
+                try:
+                    client.images.remove(ref, noprune=False)
+                except docker.errors.ImageNotFound:
+                    continue
+                except docker.errors.APIError as exc:
+                    log.warning("not removing %s: %s", ref, exc)
+                    continue
+            removed.append(ref)
+    return removed
+
+
+def builds_in_progress() -> list[str]:
+    """Names of build containers that exist now (live builds, or leftovers of crashed ones)."""
+    return [c.name for c in _client().containers.list(all=True, filters={"label": f"{KIND_LABEL}=build"})]
+
+
+__all__ = [
+    "BASE_REPO", "ENV_REPO", "INSTANCE_REPO", "RELEASES", "base_tag", "bootstrap_base", "build_environ",
+    "builds_in_progress", "environment_image", "host_mirror", "instance_image", "list_images", "prune_images",
+]
