@@ -10,11 +10,13 @@ the container started.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import logging
 import posixpath
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError
@@ -30,6 +32,9 @@ log = logging.getLogger(__name__)
 WORKDIR = "/testbed"
 DEFAULT_LIFETIME = 6 * 3600
 GRACE = 30.0  # beyond a command's own timeout before the server counts as hung
+# (repo, commit, environment, release) -> instance image tag: resolving it asks the engine about
+# three images and hashes the spec, which costs far more than a container from the warm pool.
+_images: dict[tuple, str] = {}
 
 
 def _run_container(image: str, limits: ResourceLimits, lifetime: int, network: bool):
@@ -64,6 +69,12 @@ def _remove(container) -> None:
         container.remove(force=True)
     except Exception as exc:  # already gone (auto_remove) or the engine is down
         log.debug("removing container %s: %s", getattr(container, "id", "?")[:12], exc)
+
+
+# Removing a running container takes 100-200 ms of the engine's time; close() hands it to these
+# threads so that a trainer is not kept waiting, and exit waits for them so none is left behind.
+_removals = ThreadPoolExecutor(max_workers=4, thread_name_prefix="patchgym-docker-rm")
+atexit.register(_removals.shutdown, wait=True)
 
 
 class WarmPool:
@@ -143,7 +154,10 @@ class DockerSandbox:
         self.limits = limits or ResourceLimits()
         self._lock = threading.RLock()
         self._closed = False
-        self.image = instance_image(spec.repo, spec.base_commit, spec.environment, release=release)
+        key = (spec.repo, spec.base_commit, spec.environment, release)
+        self.image = _images.get(key) or instance_image(spec.repo, spec.base_commit, spec.environment,
+                                                        release=release)
+        _images[key] = self.image
         if pool is not None:
             self.container, self._conn = pool.acquire(self.image, self.limits, network)
         else:
@@ -182,7 +196,7 @@ class DockerSandbox:
                 return
             self._closed = True
             self._conn.close()
-            _remove(self.container)
+            _removals.submit(_remove, self.container)
 
     def __enter__(self) -> DockerSandbox:
         return self
@@ -220,7 +234,9 @@ class DockerSandbox:
 def gc_containers(*, include_live_owners: bool = False) -> list[str]:
     """Remove patchgym containers whose owning process is gone (found by label); return their ids.
 
-    Containers without patchgym's label are never touched; a container owned by a live process of
+    Only containers patchgym made itself are touched: labelled as a sandbox or a build container
+    with an owner. (Images carry patchgym's labels too, so a container someone else started from
+    one of them inherits ``managed=1``, but not those.) A container owned by a live process of
     this host is kept unless ``include_live_owners``.
     """
     from ..reaper import is_alive
@@ -230,6 +246,8 @@ def gc_containers(*, include_live_owners: bool = False) -> list[str]:
     host = owner_id().split(":")[0]
     for container in client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=1"}):
         owner = container.labels.get(OWNER_LABEL, "")
+        if container.labels.get(KIND_LABEL) not in ("sandbox", "build") or not owner:
+            continue
         owner_host, _, pid = owner.partition(":")
         alive = owner_host == host and pid.isdigit() and is_alive(int(pid))
         if alive and not include_live_owners:
