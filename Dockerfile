@@ -18,6 +18,8 @@
 #   (the base image must exist on that engine: `patchgym images bootstrap` there).
 ARG BASE=patchgym/base:bookworm
 FROM ${BASE}
+# Not one of the images patchgym manages (the base's labels would say so, and prune would take it).
+LABEL org.patchgym.managed="0" org.patchgym.kind="server"
 
 # Build-time network only: the host's CA bundle is already in patchgym's base image.
 RUN apt-get update -qq \

@@ -20,6 +20,7 @@ from sandboxes import SandboxError, reap_stale
 from .backends import BACKENDS, sandbox_factory
 from .catalog import TaskSet, UnknownTaskError, load_task_set
 from .evaluation import evaluate
+from .images_cli import images_app
 from .predictions import EMPTY, GOLD, load_predictions
 from .task import TaskFileError
 from .validation import validate_tasks
@@ -31,6 +32,7 @@ tasks_app = typer.Typer(no_args_is_help=True, help="Browse and validate task set
 app.add_typer(tasks_app, name="tasks")
 sandboxes_app = typer.Typer(no_args_is_help=True, help="Sandboxes left behind by crashed processes.")
 app.add_typer(sandboxes_app, name="sandboxes")
+app.add_typer(images_app, name="images")
 console = Console(stderr=True)
 out = Console()
 

@@ -459,7 +459,11 @@ class _BuildContainer:
             )
         except docker.errors.DockerException as exc:
             raise EnvironmentBuildError(f"cannot start a build container for {purpose} from {image}: {exc}") from None
-        self.env = self._filtered_environ()
+        try:
+            self.env = self._filtered_environ()
+        except BaseException:
+            self.remove()
+            raise
 
     def _filtered_environ(self) -> dict[str, str]:
         """Host pip/proxy/CA variables, without values naming host paths that the image lacks."""
@@ -492,7 +496,16 @@ class _BuildContainer:
         argv = ["sh", "-c", *args] if shell_args else args
         exec_id = self.api.exec_create(self.container.id, argv, stdout=True, stderr=True)["Id"]
         output = self.api.exec_start(exec_id).decode(errors="replace")
-        return self.api.exec_inspect(exec_id)["ExitCode"], output
+        return self._exit_code(exec_id), output
+
+    def _exit_code(self, exec_id: str) -> int:
+        """The exit code of a finished exec (the engine may report it a moment after the output ends)."""
+        for _ in range(100):
+            info = self.api.exec_inspect(exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            time.sleep(0.05)
+        raise EnvironmentBuildError(f"build step {exec_id[:12]} did not report an exit code")
 
     def run(self, argv: list[str], *, what: str, workdir: str = "/", env: dict[str, str] | None = None) -> None:
         command = ["timeout", "-k", "10", str(int(BUILD_TIMEOUT)), *argv]
@@ -506,7 +519,7 @@ class _BuildContainer:
                 for chunk in self.api.exec_start(exec_id, stream=True):
                     fh.write(chunk)
                     fh.flush()
-                code = self.api.exec_inspect(exec_id)["ExitCode"]
+                code = self._exit_code(exec_id)
             except Exception as exc:
                 raise EnvironmentBuildError(f"{what}: the Docker engine failed ({exc})\nlog: {self.log_file}") from None
         if code == 124:

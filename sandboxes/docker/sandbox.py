@@ -48,7 +48,8 @@ def _run_container(image: str, limits: ResourceLimits, lifetime: int, network: b
         docker.types.Ulimit(name="nofile", soft=limits.open_files, hard=limits.open_files),
         docker.types.Ulimit(name="core", soft=0, hard=0),
     ]
-    container = client.containers.run(
+    # create + start rather than run(): run() answers a missing image by pulling from a registry.
+    container = client.containers.create(
         image, ["sleep", str(int(lifetime))], detach=True, init=True, auto_remove=True,
         network_mode=None if network else "none", mem_limit=limits.memory_bytes,
         memswap_limit=limits.memory_bytes, pids_limit=limits.max_processes,
@@ -56,6 +57,7 @@ def _run_container(image: str, limits: ResourceLimits, lifetime: int, network: b
         labels={MANAGED_LABEL: "1", KIND_LABEL: "sandbox", OWNER_LABEL: owner_id()},
     )
     try:
+        container.start()
         if not container.put_archive(posixpath.dirname(AGENT_DIR), agent_archive()):
             raise SandboxError("could not copy the command server into the container")
         return container, AgentConnection(client, container.id)
@@ -154,14 +156,23 @@ class DockerSandbox:
         self.limits = limits or ResourceLimits()
         self._lock = threading.RLock()
         self._closed = False
+        import docker.errors
+
         key = (spec.repo, spec.base_commit, spec.environment, release)
-        self.image = _images.get(key) or instance_image(spec.repo, spec.base_commit, spec.environment,
-                                                        release=release)
-        _images[key] = self.image
-        if pool is not None:
-            self.container, self._conn = pool.acquire(self.image, self.limits, network)
-        else:
-            self.container, self._conn = _run_container(self.image, self.limits, lifetime, network)
+        for attempt in range(2):
+            if key not in _images:
+                _images[key] = instance_image(spec.repo, spec.base_commit, spec.environment, release=release)
+            self.image = _images[key]
+            try:
+                if pool is not None:
+                    self.container, self._conn = pool.acquire(self.image, self.limits, network)
+                else:
+                    self.container, self._conn = _run_container(self.image, self.limits, lifetime, network)
+                break
+            except docker.errors.ImageNotFound:
+                _images.pop(key, None)  # pruned since it was resolved: build it again, once
+                if attempt:
+                    raise
         self.id = self.container.id[:12]
 
     def exec(self, command: str, timeout: float = 60.0, cwd: str | None = None,

@@ -1,0 +1,192 @@
+"""``patchgym images``: build, list and prune the Docker images of the Docker backend.
+
+Mounted by the main command line as ``app.add_typer(images_app, name="images")``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sandboxes import SandboxError
+from sandboxes.docker.client import DEFAULT_RELEASE
+from sandboxes.docker.images import RELEASES
+
+from .backends import sandbox_spec
+from .catalog import TaskSet, UnknownTaskError, load_task_set
+from .task import TaskFileError
+
+images_app = typer.Typer(no_args_is_help=True,
+                         help="Docker images: a Debian base (debootstrap, no registry), environments, instances.")
+console = Console(stderr=True)
+out = Console()
+
+TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
+ReleaseOpt = Annotated[str | None, typer.Option("--release", help=f"Debian release: {', '.join(RELEASES)}.")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _images():
+    """The images module, once a Docker engine is known to be reachable."""
+    from sandboxes.docker import images
+    from sandboxes.docker.client import docker_client
+
+    try:
+        docker_client()
+    except SandboxError as exc:
+        _fail(str(exc))
+    return images
+
+
+def _release(release: str | None) -> str:
+    if release is None:
+        return DEFAULT_RELEASE  # $PATCHGYM_DEBIAN_RELEASE or bookworm
+    if release not in RELEASES:
+        _fail(f"unknown release {release!r}; choose one of {', '.join(RELEASES)}")
+    return release
+
+
+def _load(tasks: Path | None, ids: list[str] | None) -> TaskSet:
+    try:
+        wanted = [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]
+        return load_task_set(tasks).select(wanted or None)
+    except (TaskFileError, UnknownTaskError) as exc:
+        _fail(str(exc))
+        raise  # unreachable
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)  # pragma: no cover
+
+
+def _created(value: str) -> str:
+    try:
+        return datetime.fromisoformat(value[:19]).strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return value
+
+
+@images_app.command("bootstrap")
+def bootstrap(
+    release: ReleaseOpt = None,
+    mirror: Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: the host's apt mirror).")]
+    = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
+) -> None:
+    """Build the base image patchgym/base:<release> with debootstrap from a Debian mirror (no registry)."""
+    release = _release(release)
+    images = _images()
+    tag = images.base_tag(release)
+    started = time.monotonic()
+    try:
+        with console.status(f"bootstrapping {tag}") as status:
+            def step(message: str) -> None:
+                console.print(f"[dim]{message}[/]", highlight=False)
+                status.update(message)
+
+            images.bootstrap_base(release, mirror=mirror, force=force, progress=step)
+    except SandboxError as exc:
+        _fail(str(exc))
+    out.print(f"{tag} ready ({time.monotonic() - started:.0f}s)")
+
+
+@images_app.command("build")
+def build(
+    tasks: TasksOpt = None,
+    instance_ids: Annotated[list[str] | None,
+                            typer.Option("--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
+    release: ReleaseOpt = None,
+) -> None:
+    """Build the environment and instance images of every selected task (cached ones are reused)."""
+    release = _release(release)
+    task_set = _load(tasks, instance_ids)
+    images = _images()
+    counts = {"built": 0, "cached": 0, "failed": 0}
+    rows: list[tuple[str, str, str]] = []
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("building images", total=len(task_set), status="")
+        for task in task_set:
+            worked = False
+
+            def step(message: str, _id: str = task.instance_id) -> None:
+                nonlocal worked
+                worked = True
+                progress.update(bar, status=f"{_id}: {message}"[:100])
+
+            progress.update(bar, status=task.instance_id)
+            try:
+                spec = sandbox_spec(task)
+                tag = images.instance_image(spec.repo, spec.base_commit, spec.environment, release=release,
+                                            progress=step)
+                outcome = "built" if worked else "cached"
+                rows.append((task.instance_id, outcome, tag))
+            except (SandboxError, TaskFileError) as exc:
+                outcome = "failed"
+                rows.append((task.instance_id, outcome, str(exc)))
+            counts[outcome] += 1
+            progress.update(bar, advance=1, status=" ".join(f"{k} {v}" for k, v in counts.items()))
+    table = Table(title=f"instance images ({release})")
+    for col in ("instance_id", "result", "image / error"):
+        table.add_column(col, overflow="fold")
+    colours = {"built": "green", "cached": "cyan", "failed": "red"}
+    for instance_id, outcome, detail in rows:
+        detail = detail if outcome != "failed" else detail.strip().splitlines()[0]
+        table.add_row(instance_id, f"[{colours[outcome]}]{outcome}[/]", detail.replace("[", "\\["))
+    out.print(table)
+    out.print(", ".join(f"{v} {k}" for k, v in counts.items()))
+    for instance_id, outcome, detail in rows:
+        if outcome == "failed":
+            console.print(f"[red]failed[/] {instance_id}:\n{detail}", highlight=False, markup=False)
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+@images_app.command("list")
+def list_cmd() -> None:
+    """List the images patchgym made (base, environments, instances)."""
+    images = _images()
+    try:
+        rows = images.list_images()
+    except SandboxError as exc:
+        _fail(str(exc))
+    table = Table(title=f"{len(rows)} patchgym images")
+    for col in ("tag", "kind", "id", "size", "created"):
+        table.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
+    for r in rows:
+        table.add_row(r["tag"], r["kind"], r["id"].removeprefix("sha256:")[:12], _size(r["size"]),
+                      _created(r["created"]))
+    out.print(table)
+
+
+@images_app.command("prune")
+def prune(
+    all_kinds: Annotated[bool, typer.Option("--all", help="Base images too (they take a minute to rebuild).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would be removed.")] = False,
+) -> None:
+    """Remove patchgym's environment and instance images that no container uses."""
+    images = _images()
+    kinds = ("instance", "env", "base") if all_kinds else ("instance", "env")
+    try:
+        removed = images.prune_images(kinds, dry_run=dry_run)
+    except SandboxError as exc:
+        _fail(str(exc))
+    verb = "would remove" if dry_run else "removed"
+    for ref in removed:
+        out.print(f"{verb} {ref}", highlight=False)
+    out.print(f"{verb} {len(removed)} image(s)")
