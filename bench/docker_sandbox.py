@@ -17,7 +17,6 @@ on first use: ``patchgym images bootstrap`` first).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_sandbox import summary, timed  # noqa: E402  (also puts the repository on sys.path)  (also puts the repository on sys.path)
+from local_sandbox import print_results, summary, timed  # noqa: E402  (also puts the repository on sys.path)
 
 from gym_envs import load_task_set  # noqa: E402
 from gym_envs.backends import sandbox_spec  # noqa: E402
@@ -103,15 +102,7 @@ def main() -> None:
         results["exec_speedup_vs_minisweagent"] = round(
             statistics.median(samples["minisweagent_docker_true"]) / statistics.median(samples["exec_true"]), 1)
 
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        shown = value
-        if isinstance(value, dict):
-            shown = (f"median {value['median_ms']:.2f} ms "
-                     f"(p10 {value['p10_ms']:.2f}, p90 {value['p90_ms']:.2f}, n={value['n']})")
-        print(f"{key:<{width}}  {shown}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,19 @@ def summary(samples: list[float]) -> dict[str, float]:
             "p90_ms": round(ms[(len(ms) * 9) // 10], 3), "n": len(ms)}
 
 
+def print_results(results: dict[str, object], json_path: Path | None) -> None:
+    """One aligned line per figure (timings as median, p10, p90, n); the whole dict as JSON too."""
+    width = max(len(k) for k in results)
+    for key, value in results.items():
+        shown = value
+        if isinstance(value, dict):
+            shown = (f"median {value['median_ms']:.2f} ms "
+                     f"(p10 {value['p10_ms']:.2f}, p90 {value['p90_ms']:.2f}, n={value['n']})")
+        print(f"{key:<{width}}  {shown}")
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+
+
 def bare_pytest(task, sandbox) -> callable:
     """A host checkout with gold + test patch applied, and a function running the tests in it."""
     work = Path(tempfile.mkdtemp(prefix="pg-bench-"))
@@ -113,15 +126,7 @@ def main() -> None:
     results["exec_over_plain_subprocess"] = round(
         results["exec_true"]["median_ms"] / results["plain_subprocess_true"]["median_ms"], 2)
 
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        shown = value
-        if isinstance(value, dict):
-            shown = (f"median {value['median_ms']:.2f} ms "
-                     f"(p10 {value['p10_ms']:.2f}, p90 {value['p90_ms']:.2f}, n={value['n']})")
-        print(f"{key:<{width}}  {shown}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ drift and caching hit all alike), after warm-up rounds that are not counted:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ import gymnasium as gym
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_sandbox import summary  # noqa: E402  (also puts the repository on sys.path)
+from local_sandbox import print_results, summary  # noqa: E402  (also puts the repository on sys.path)
 
 import gym_envs  # noqa: E402, F401  (registers the environments)
 
@@ -133,15 +132,7 @@ def main() -> None:
         results["step_over_minisweagent"] = round(step / median["minisweagent_local_true"], 2)
         results["minisweagent_over_plain_subprocess"] = round(median["minisweagent_local_true"] / floor, 2)
 
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        shown = value
-        if isinstance(value, dict):
-            shown = (f"median {value['median_ms']:.2f} ms "
-                     f"(p10 {value['p10_ms']:.2f}, p90 {value['p90_ms']:.2f}, n={value['n']})")
-        print(f"{key:<{width}}  {shown}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print_results(results, args.json)
 
 
 if __name__ == "__main__":
