@@ -38,11 +38,13 @@ def run_capped(
     env: Mapping[str, str] | None = None,
     kill_tree: KillTree = kill_process_group,
     pass_fds: Sequence[int] = (),
+    user: int | None = None,
 ) -> ExecResult:
     """Run ``argv`` and return its :class:`ExecResult`.
 
     The command starts in a new session (so its group can be killed); ``kill_tree`` is called on
-    timeout and again once the main process has exited, to remove background leftovers.
+    timeout and again once the main process has exited, to remove background leftovers. ``user``
+    runs it as that uid (and gid), with no supplementary groups.
     """
     start = time.monotonic()
     out = CappedOutput(output_limit)
@@ -55,6 +57,7 @@ def run_capped(
         env=dict(env) if env is not None else None,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
+        **({"user": user, "group": user, "extra_groups": []} if user is not None else {}),
     )
     assert proc.stdout is not None
     fd = proc.stdout.fileno()

@@ -112,3 +112,22 @@ def test_repo_env_on_docker_resolves_the_gold_fix(docker, calc_tasks_file, calc_
         assert term and reward == 1.0 and info["resolved"]
     finally:
         env.close()
+
+
+def test_commands_cannot_reach_the_command_server_or_its_pristine_copy(docker, calc_task):
+    from sandboxes.docker import DockerSandbox
+
+    sb = DockerSandbox(sandbox_spec(calc_task))
+    try:
+        assert sb.exec("id -u").output.strip() == "1000"
+        attacks = sb.exec("ls /opt/patchgym 2>&1; echo x > /opt/patchgym/agent.py 2>&1; "
+                          "for p in $(pgrep python3); do kill -9 $p; done 2>&1; "
+                          "touch /usr/lib/x 2>&1; echo done").output
+        assert "Permission denied" in attacks and attacks.rstrip().endswith("done")
+        sb.write_file("calc/new.py", "X = 1\n")
+        assert sb.exec("echo more >> calc/new.py && rm calc/new.py && echo ok").output.strip() == "ok"
+        sb.exec("rm -rf calc; git commit -qam gone")
+        sb.reset()
+        assert sb.diff() == "" and sb.exec("touch calc/z && echo writable").output.strip() == "writable"
+    finally:
+        sb.close()

@@ -7,7 +7,9 @@ host's own modules, copied next to it as the package ``pgrt``: the same capped, 
 runner and the same workspace file checks as the local backend.
 
 After every command, every process that was not there when the server started is killed: nothing a
-command starts survives it, exactly as with the local backend.
+command starts survives it, exactly as with the local backend. Commands run as an unprivileged user
+(uid 1000) who owns /testbed: they cannot touch this server, its pristine copy of the repository, or
+its code, all root's and out of reach.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pwd
 import shutil
 import signal
 import sys
@@ -23,11 +26,18 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pgrt.files import PathOutsideWorkspaceError, read_regular, write_regular  # noqa: E402
+from pgrt.files import (  # noqa: E402
+    PathOutsideWorkspaceError,
+    read_regular,
+    resolve_in_workspace,
+    write_regular,
+)
 from pgrt.process import run_capped  # noqa: E402
 
 WORKSPACE = Path("/testbed")
-PRISTINE = Path("/opt/patchgym/pristine")
+HOME = Path(os.path.dirname(os.path.abspath(__file__)))
+PRISTINE = HOME / "pristine"
+AGENT_UID = 1000
 ALIASES = (str(WORKSPACE),)
 PROTECTED = {int(p) for p in os.listdir("/proc") if p.isdigit()} | {os.getpid()}
 
@@ -63,25 +73,44 @@ def _clear(directory: Path) -> None:
             entry.unlink(missing_ok=True)
 
 
+def _give_to_agent(path: Path) -> None:
+    """Make ``path`` (a tree) the command user's, symlinks included but never followed."""
+    os.lchown(path, AGENT_UID, AGENT_UID)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), AGENT_UID, AGENT_UID)
+
+
+def _command_environ(extra: dict) -> dict:
+    env = dict(os.environ)
+    env.update({"HOME": "/tmp", "USER": "agent", "LOGNAME": "agent"})
+    env.update(extra or {})
+    return env
+
+
 def handle(request: dict) -> dict:
     op = request.get("op")
     if op == "exec":
-        env = dict(os.environ)
-        env.update(request.get("env") or {})
         result = run_capped(["bash", "-c", request["command"]], timeout=float(request["timeout"]),
                             output_limit=int(request["limit"]), cwd=request.get("cwd") or str(WORKSPACE),
-                            env=env, kill_tree=kill_strays)
+                            env=_command_environ(request.get("env")), kill_tree=kill_strays, user=AGENT_UID)
         return {"exit_code": result.exit_code, "output": result.output, "timed_out": result.timed_out,
                 "duration": result.duration, "truncated": result.truncated}
     if op == "read":
         return {"data": base64.b64encode(read_regular(WORKSPACE, request["path"], ALIASES)).decode()}
     if op == "write":
+        target = resolve_in_workspace(WORKSPACE, request["path"], ALIASES)
+        first_new = target
+        while not first_new.parent.exists():
+            first_new = first_new.parent
         write_regular(WORKSPACE, request["path"], base64.b64decode(request["data"]), ALIASES)
+        _give_to_agent(first_new)  # the file and any directories made for it
         return {}
     if op == "reset":
         kill_strays()
         _clear(WORKSPACE)
         shutil.copytree(PRISTINE, WORKSPACE, symlinks=True, dirs_exist_ok=True)
+        _give_to_agent(WORKSPACE)
         _clear(Path("/tmp"))
         return {}
     if op == "ping":
@@ -89,9 +118,23 @@ def handle(request: dict) -> dict:
     raise ValueError(f"unknown op {op!r}")
 
 
-def main() -> None:
+def prepare() -> None:
+    """Once per container: the command user, its workspace, and the pristine copy out of its reach."""
+    try:
+        pwd.getpwuid(AGENT_UID)
+    except KeyError:
+        with open("/etc/passwd", "a") as fh:
+            fh.write(f"agent:x:{AGENT_UID}:{AGENT_UID}::/tmp:/bin/bash\n")
+        with open("/etc/group", "a") as fh:
+            fh.write(f"agent:x:{AGENT_UID}:\n")
+    os.chmod(HOME, 0o700)
     if not PRISTINE.exists():  # the pristine copy reset() restores from
         shutil.copytree(WORKSPACE, PRISTINE, symlinks=True)
+    _give_to_agent(WORKSPACE)
+
+
+def main() -> None:
+    prepare()
     out = sys.stdout
     out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     out.flush()
