@@ -95,12 +95,6 @@ class Grade:
     resolved: bool = False
     missing: list[str] = field(default_factory=list)
 
-    @property
-    def f2p_fraction(self) -> float:
-        f2p = self.tests_status.get("FAIL_TO_PASS", {})
-        total = len(f2p.get("success", [])) + len(f2p.get("failure", []))
-        return len(f2p.get("success", [])) / total if total else 0.0
-
 
 def grade(fail_to_pass: list[str], pass_to_pass: list[str], statuses: dict[str, TestStatus]) -> Grade:
     """Apply the grading rules to the observed ``statuses``.

@@ -15,6 +15,7 @@ from ..backends import sandbox_factory
 from ..catalog import TaskSet
 from ..task import Task
 from ..verifier import Verifier
+from .actions import InvalidAction, parse_tool_call
 from .common import (
     MAX_ACTION_CHARS,
     MAX_OBSERVATION_CHARS,
@@ -82,9 +83,8 @@ class PatchEnv(gym.Env[str, str]):
 
 
 def _patch_from(action: Any) -> str:
+    """The diff in an action: the string itself, or a ``submit`` tool call's ``patch`` argument."""
     if isinstance(action, dict) or (isinstance(action, str) and action.lstrip().startswith("{")):
-        from .actions import InvalidAction, parse_tool_call
-
         try:
             _, arguments = parse_tool_call(action)
             return str(arguments.get("patch", ""))

@@ -729,12 +729,7 @@ def prune_images(kinds: Iterable[str] = ("instance", "env"), *, dry_run: bool = 
     return removed
 
 
-def builds_in_progress() -> list[str]:
-    """Names of build containers that exist now (live builds, or leftovers of crashed ones)."""
-    return [c.name for c in _client().containers.list(all=True, filters={"label": f"{KIND_LABEL}=build"})]
-
-
 __all__ = [
     "BASE_REPO", "ENV_REPO", "INSTANCE_REPO", "RELEASES", "base_tag", "bootstrap_base", "build_environ",
-    "builds_in_progress", "environment_image", "host_mirror", "instance_image", "list_images", "prune_images",
+    "environment_image", "host_mirror", "instance_image", "list_images", "prune_images",
 ]
