@@ -102,8 +102,14 @@ def _candidate_executables() -> list[str]:
 
 @cache
 def _probe(executable: str) -> Interpreter | None:
-    code = ("import sys,json,site;print(json.dumps([sys.version.split()[0], sys.base_prefix, "
-            "site.getsitepackages() + [site.getusersitepackages()]]))")
+    # Site directories of the interpreter *and* of its base installation: probing from inside a venv,
+    # getsitepackages() names only the venv's, while the base's (mounted with the interpreter) may
+    # hold a system-wide install of patchgym and its catalog.
+    code = ("import sys,json,site,sysconfig;"
+            "base={'base': sys.base_prefix, 'platbase': sys.base_exec_prefix};"
+            "dirs=site.getsitepackages()+[site.getusersitepackages()]"
+            "+[sysconfig.get_path(k, vars=base) for k in ('purelib', 'platlib')];"
+            "print(json.dumps([sys.version.split()[0], sys.base_prefix, sorted(set(dirs))]))")
     try:
         proc = subprocess.run([executable, "-c", code], capture_output=True, text=True, timeout=20)
         version, base_prefix, site_dirs = json.loads(proc.stdout)
