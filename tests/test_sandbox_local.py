@@ -192,11 +192,14 @@ def test_isolation_host_is_read_only_and_secrets_are_hidden(calc_sandbox, calc_t
 @needs_bwrap
 def test_isolation_hides_the_interpreters_own_site_packages(calc_sandbox):
     """patchgym installed into the base interpreter brings its catalog (gold patches) along."""
+    import sys
     import sysconfig
 
-    purelib = sysconfig.get_paths()["purelib"]
-    assert Path(purelib).is_dir() and any(Path(purelib).iterdir())
-    out = calc_sandbox.exec(f"ls -A {purelib} | wc -l; python -c 'import gym_envs' 2>&1 | tail -1").output
+    base = sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+    here = sysconfig.get_path("purelib")  # this interpreter's (a venv's, in a fresh checkout's venv)
+    assert Path(base).is_dir() and any(Path(base).iterdir())
+    out = calc_sandbox.exec(f"ls -A {base} {here} 2>/dev/null | grep -v ':$' | grep -c . ; "
+                            "python -c 'import gym_envs' 2>&1 | tail -1").output
     assert out.split()[0] == "0"
     assert "No module named 'gym_envs'" in out
 
