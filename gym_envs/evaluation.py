@@ -68,10 +68,13 @@ def write_instance(output: Path, report: InstanceReport, patch: str | None) -> N
     os.replace(tmp, d / REPORT_FILE)
 
 
-def read_instance(output: Path, instance_id: str) -> InstanceReport | None:
-    path = instance_dir(output, instance_id) / REPORT_FILE
+def read_instance(output: Path, instance_id: str, patch: str | None) -> InstanceReport | None:
+    """The report an earlier run wrote for this instance, if it graded this same patch."""
+    d = instance_dir(output, instance_id)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if (d / "patch.diff").read_text(encoding="utf-8") != (patch or ""):
+            return None  # the prediction changed since: grade it again
+        data = json.loads((d / REPORT_FILE).read_text(encoding="utf-8"))
         return InstanceReport.model_validate(data[instance_id])
     except (OSError, ValueError, KeyError):
         return None
@@ -98,7 +101,7 @@ def evaluate(
         if pred is None:
             continue
         summary.submitted_ids.append(task.instance_id)
-        previous = None if force else read_instance(output, task.instance_id)
+        previous = None if force else read_instance(output, task.instance_id, pred.model_patch)
         if previous is not None and not previous.infrastructure_failure:
             reports[task.instance_id] = previous
             summary.resumed_ids.append(task.instance_id)

@@ -38,6 +38,10 @@ def test_eval_gold_writes_swebench_reports_and_resumes(calc_tasks_file, tmp_path
     forced = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--output", str(out), "--force")
     assert json.loads((out / "report.json").read_text())["resumed_ids"] == []
     assert forced.exit_code == 0
+    changed = run("eval", "--predictions", "empty", "--tasks", str(calc_tasks_file), "--output", str(out))
+    report = json.loads((out / "report.json").read_text())
+    assert changed.exit_code == 0 and report["resumed_ids"] == [], "a changed prediction is graded again"
+    assert report["empty_patch_ids"] == ["fixture__calc-1"]
 
 
 def test_eval_empty_and_a_predictions_file(calc_tasks_file, tmp_path):
