@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -18,7 +17,8 @@ from rich.table import Table
 from sandboxes import SandboxError, reap_stale
 
 from .backends import BACKENDS, sandbox_factory
-from .catalog import TaskSet, UnknownTaskError, load_task_set
+from .catalog import TaskSet
+from .cli_common import TasksOpt, console, fail, load_selection, out
 from .evaluation import evaluate
 from .images_cli import images_app
 from .predictions import EMPTY, GOLD, load_predictions
@@ -33,34 +33,14 @@ app.add_typer(tasks_app, name="tasks")
 sandboxes_app = typer.Typer(no_args_is_help=True, help="Sandboxes left behind by crashed processes.")
 app.add_typer(sandboxes_app, name="sandboxes")
 app.add_typer(images_app, name="images")
-console = Console(stderr=True)
-out = Console()
-
-TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
 BackendOpt = Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")]
 IsolationOpt = Annotated[str, typer.Option("--isolation", help="Local backend: auto, bwrap or none.")]
 DEFAULT_WORKERS = max(1, os.cpu_count() or 1)
 WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Instances graded at once.")]
 
 
-def _fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
-
-
 def _load(tasks: Path | None, ids: list[str] | None = None) -> TaskSet:
-    return _load_with_selection(tasks, ids)[1]
-
-
-def _load_with_selection(tasks: Path | None, ids: list[str] | None) -> tuple[TaskSet, TaskSet]:
-    """The whole task set and the selected part of it (``ids`` repeated or comma-separated)."""
-    try:
-        task_set = load_task_set(tasks)
-        wanted = [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]
-        return task_set, task_set.select(wanted or None)
-    except (TaskFileError, UnknownTaskError) as exc:
-        _fail(str(exc))
-        raise  # unreachable
+    return load_selection(tasks, ids)[1]
 
 
 def _verifier(backend: str, isolation: str) -> Verifier:
@@ -68,7 +48,7 @@ def _verifier(backend: str, isolation: str) -> Verifier:
     try:
         verifier = Verifier(sandbox_factory(backend, **options))
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         raise
     _reap(docker=backend == "docker")
     return verifier
@@ -83,7 +63,7 @@ def _reap(*, docker: bool, everything: bool = False) -> dict[str, int]:
         try:
             removed["docker"] = len(gc_containers(include_live_owners=everything))
         except SandboxError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     return removed
 
 
@@ -189,15 +169,15 @@ def eval_cmd(
     force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
 ) -> None:
     """Grade predictions and write SWE-bench-style reports."""
-    everything, task_set = _load_with_selection(tasks, instance_ids)
+    everything, task_set = load_selection(tasks, instance_ids)
     try:
         # Checked against the whole task set: a predictions file may cover more than the selection.
         preds = load_predictions(predictions, everything)
     except TaskFileError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     preds = {i: p for i, p in preds.items() if i in task_set}
     if not preds:
-        _fail("no predictions for the selected instances")
+        fail("no predictions for the selected instances")
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
     output = output or Path("patchgym-runs") / name
     verifier = _verifier(backend, isolation)
@@ -224,6 +204,38 @@ def eval_cmd(
     for instance_id in report["error_ids"]:
         out.print(f"[red]error[/] {instance_id}: see {output / instance_id / 'report.json'}")
     out.print(f"report: {output / 'report.json'}")
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to bind (non-loopback needs --token).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
+    backend: BackendOpt = "local",
+    tasks: TasksOpt = None,
+    max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, help="Sessions open at once.")] = 32,
+    token: Annotated[list[str] | None, typer.Option(
+        "--token", envvar="PATCHGYM_SERVER_TOKEN",
+        help="Bearer token clients must send (repeat for several; env PATCHGYM_SERVER_TOKEN).")] = None,
+) -> None:
+    """Serve the environments over HTTP (sessions, verification, tasks, metrics)."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not token:
+        fail(f"refusing to serve on {host} without a token: anyone who can reach it could run code in "
+              "its sandboxes; pass --token (or PATCHGYM_SERVER_TOKEN), or bind 127.0.0.1")
+    import uvicorn
+
+    from server.app import create_app  # lazily: gym_envs knows nothing of HTTP
+
+    try:
+        api = create_app(tasks=_load(tasks), backend=backend, max_sessions=max_sessions, token=token or None)
+    except ValueError as exc:
+        fail(str(exc))
+    uvicorn.run(api, host=host, port=port, log_level=os.environ.get("PATCHGYM_LOG", "info").lower())
 
 
 def main() -> None:

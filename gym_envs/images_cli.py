@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,21 +18,12 @@ from sandboxes.docker.client import DEFAULT_RELEASE
 from sandboxes.docker.images import RELEASES
 
 from .backends import sandbox_spec
-from .catalog import TaskSet, UnknownTaskError, load_task_set
+from .cli_common import TasksOpt, console, fail, load_selection, out
 from .task import TaskFileError
 
 images_app = typer.Typer(no_args_is_help=True,
                          help="Docker images: a Debian base (debootstrap, no registry), environments, instances.")
-console = Console(stderr=True)
-out = Console()
-
-TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
 ReleaseOpt = Annotated[str | None, typer.Option("--release", help=f"Debian release: {', '.join(RELEASES)}.")]
-
-
-def _fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
 
 
 def _images():
@@ -45,7 +34,7 @@ def _images():
     try:
         docker_client()
     except SandboxError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     return images
 
 
@@ -53,17 +42,8 @@ def _release(release: str | None) -> str:
     if release is None:
         return DEFAULT_RELEASE  # $PATCHGYM_DEBIAN_RELEASE or bookworm
     if release not in RELEASES:
-        _fail(f"unknown release {release!r}; choose one of {', '.join(RELEASES)}")
+        fail(f"unknown release {release!r}; choose one of {', '.join(RELEASES)}")
     return release
-
-
-def _load(tasks: Path | None, ids: list[str] | None) -> TaskSet:
-    try:
-        wanted = [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]
-        return load_task_set(tasks).select(wanted or None)
-    except (TaskFileError, UnknownTaskError) as exc:
-        _fail(str(exc))
-        raise  # unreachable
 
 
 def _size(n: int) -> str:
@@ -101,7 +81,7 @@ def bootstrap(
 
             images.bootstrap_base(release, mirror=mirror, force=force, progress=step)
     except SandboxError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     out.print(f"{tag} ready ({time.monotonic() - started:.0f}s)")
 
 
@@ -114,7 +94,7 @@ def build(
 ) -> None:
     """Build the environment and instance images of every selected task (cached ones are reused)."""
     release = _release(release)
-    task_set = _load(tasks, instance_ids)
+    _, task_set = load_selection(tasks, instance_ids)
     images = _images()
     counts = {"built": 0, "cached": 0, "failed": 0}
     rows: list[tuple[str, str, str]] = []
@@ -164,7 +144,7 @@ def list_cmd() -> None:
     try:
         rows = images.list_images()
     except SandboxError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     table = Table(title=f"{len(rows)} patchgym images")
     for col in ("tag", "kind", "id", "size", "created"):
         table.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
@@ -185,7 +165,7 @@ def prune(
     try:
         removed = images.prune_images(kinds, dry_run=dry_run)
     except SandboxError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     verb = "would remove" if dry_run else "removed"
     for ref in removed:
         out.print(f"{verb} {ref}", highlight=False)

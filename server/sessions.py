@@ -1,0 +1,241 @@
+"""Sessions: RepoEnv instances held for remote clients, bounded, owned, reaped when idle.
+
+RepoEnv calls block (sandboxes, test runs), so every operation runs in a worker thread under a
+deadline, one at a time per session. A session is closed exactly once: at once when it is idle,
+else by the operation running on it when that finishes (a timed-out operation's thread cannot be
+killed; it is abandoned and closes its session when it returns).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from gym_envs.envs.repo_env import RepoEnv
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class CapacityError(RuntimeError):
+    """Every session slot is taken."""
+
+
+class SessionNotFound(KeyError):
+    """No such session (or it belongs to another token)."""
+
+    def __str__(self) -> str:
+        return f"unknown session {self.args[0]!r}" if self.args else "unknown session"
+
+
+class SessionBusy(RuntimeError):
+    """Another operation is running on this session."""
+
+
+class OperationTimeout(RuntimeError):
+    """An operation ran past its deadline; its session has been closed."""
+
+
+class Session:
+    def __init__(self, owner: str | None) -> None:
+        self.id = uuid.uuid4().hex
+        self.owner = owner
+        self.env: RepoEnv | None = None
+        self.instance_id: str | None = None
+        self.steps = 0
+        self.done = False
+        self.created = self.last_used = time.monotonic()
+        self._state = threading.Lock()  # guards busy/closing/closed, touched from threads
+        self.busy = False
+        self.closing = False
+        self.closed = False
+
+    def idle_seconds(self) -> float:
+        return 0.0 if self.busy else time.monotonic() - self.last_used
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def try_begin(self) -> bool:
+        with self._state:
+            if self.busy or self.closing:
+                return False
+            self.busy = True
+            return True
+
+    def end(self) -> bool:
+        """Finish an operation; True when the caller must now close the environment."""
+        with self._state:
+            self.busy = False
+            self.last_used = time.monotonic()
+            if self.closing and not self.closed:
+                self.closed = True
+                return True
+            return False
+
+    def request_close(self) -> bool:
+        """Ask for the session to be closed; True when the caller must close it now (it is idle)."""
+        with self._state:
+            self.closing = True
+            if self.busy or self.closed:
+                return False
+            self.closed = True
+            return True
+
+    def close_env(self) -> None:
+        env, self.env = self.env, None
+        if env is None:
+            return
+        try:
+            env.close()
+        except Exception as exc:  # a close failure must not take the server down
+            log.warning("session %s: closing its environment failed: %s", self.id, exc)
+
+
+class SessionManager:
+    """Sessions by id, at most ``max_sessions`` (creating counts from the start), each owned by a
+    token digest (or None without auth); idle longer than ``idle_ttl`` seconds: closed by
+    :meth:`reap_idle`."""
+
+    def __init__(self, max_sessions: int = 32, idle_ttl: float = 900.0, operation_timeout: float = 1800.0) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        self.max_sessions = max_sessions
+        self.idle_ttl = idle_ttl
+        self.operation_timeout = operation_timeout
+        self._sessions: dict[str, Session] = {}
+        self._pending = 0
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def limiter(self) -> anyio.CapacityLimiter:
+        # Created lazily: a limiter needs a running event loop. One thread per session is enough
+        # (a session runs one operation at a time) and keeps sessions off the shared default pool.
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.max_sessions)
+        return self._limiter
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def create(self, owner: str | None, start: Callable[[Session], T]) -> tuple[Session, T]:
+        """Reserve a slot, run ``start(session)`` (which sets ``session.env``) in a thread, and
+        register the session once it succeeded. Raises :class:`CapacityError` when full."""
+        if len(self._sessions) + self._pending >= self.max_sessions:
+            raise CapacityError(f"all {self.max_sessions} sessions are in use")
+        self._pending += 1
+        session = Session(owner)
+        try:
+            if not session.try_begin():  # cannot happen: nobody else knows this session yet
+                raise SessionBusy(session.id)
+            try:
+                result = await self.run(session, lambda: start(session))
+            except BaseException:
+                self._discard_now(session)
+                raise
+            self._sessions[session.id] = session
+            return session, result
+        finally:
+            self._pending -= 1
+
+    def get(self, session_id: str, owner: str | None) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.owner != owner:  # another token's session does not exist for you
+            raise SessionNotFound(session_id)
+        return session
+
+    async def operate(self, session: Session, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on ``session`` in a thread; :class:`SessionBusy` if one is running already."""
+        if not session.try_begin():
+            if session.closing:
+                raise SessionNotFound(session.id)
+            raise SessionBusy(session.id)
+        return await self.run(session, fn)
+
+    async def run(self, session: Session, fn: Callable[[], T]) -> T:
+        """Run ``fn`` in a worker thread for a session already marked busy, under the deadline."""
+        guard = threading.Lock()
+        started = abandoned = False
+
+        def work() -> T:
+            nonlocal started
+            with guard:
+                if abandoned:
+                    raise RuntimeError("abandoned before it started")
+                started = True
+            try:
+                return fn()
+            finally:
+                if session.end():
+                    session.close_env()
+
+        finished = False
+        try:
+            with anyio.fail_after(self.operation_timeout):
+                result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=self.limiter)
+            finished = True
+            return result
+        except TimeoutError:
+            self._discard_now(session)
+            raise OperationTimeout(
+                f"the operation ran past its {self.operation_timeout:g}s deadline; the session was closed"
+            ) from None
+        except BaseException:
+            finished = started  # fn ran and raised: work() already ended the operation
+            raise
+        finally:
+            if not finished:  # abandoned (deadline, cancellation): end it ourselves if it never ran
+                with guard:
+                    abandoned = True
+                    never_ran = not started
+                if never_ran and session.end():
+                    _close_in_background(session)
+
+    async def close(self, session: Session) -> None:
+        """Forget the session and close its environment (now if idle, else after its operation)."""
+        self._sessions.pop(session.id, None)
+        if session.request_close():
+            await self._close_env(session)
+
+    def _discard_now(self, session: Session) -> None:
+        """Like :meth:`close`, for places that cannot await: the close runs in a background thread."""
+        self._sessions.pop(session.id, None)
+        if session.request_close():
+            _close_in_background(session)
+
+    async def _close_env(self, session: Session) -> None:
+        try:
+            with anyio.move_on_after(120):
+                await anyio.to_thread.run_sync(session.close_env, abandon_on_cancel=True)
+        except Exception as exc:
+            log.warning("session %s: close failed: %s", session.id, exc)
+
+    async def reap_idle(self) -> list[str]:
+        """Close sessions idle for longer than ``idle_ttl``; their ids."""
+        now = time.monotonic()
+        stale = [s for s in self._sessions.values() if not s.busy and now - s.last_used > self.idle_ttl]
+        for session in stale:
+            log.info("session %s: idle for %.0fs, closing it", session.id, now - session.last_used)
+            await self.close(session)
+        return [s.id for s in stale]
+
+    async def close_all(self) -> None:
+        sessions = list(self._sessions.values())
+        for session in sessions:
+            await self.close(session)
+
+    def stats(self) -> dict[str, Any]:
+        return {"sessions": len(self._sessions), "pending": self._pending, "max_sessions": self.max_sessions}
+
+
+def _close_in_background(session: Session) -> None:
+    threading.Thread(target=session.close_env, name=f"close-{session.id[:8]}", daemon=True).start()
