@@ -73,6 +73,7 @@ class ProcessGroup:
         for controller, files in {
             "pids": {"pids.max": str(limits.max_processes)},
             "memory": {"memory.limit_in_bytes": str(limits.memory_bytes)},
+            "freezer": {},  # lets kill_all stop forks in flight before it kills
         }.items():
             path = CGROUP_ROOT / controller / CGROUP_PARENT / self.name
             try:
@@ -118,7 +119,24 @@ class ProcessGroup:
         return {pid for pid in self.pids() if not _is_zombie(pid)}
 
     def kill_all(self, timeout: float = 5.0) -> bool:
-        """SIGKILL every process in the group until none is left; True when it emptied."""
+        """SIGKILL every process in the group until none is left; True when it emptied.
+
+        Killing while processes fork (a fork bomb) can miss a child created between reading the
+        member list and the kill, so the group is frozen first where the kernel allows: frozen
+        processes cannot fork, and the killed ones die when it thaws.
+        """
+        if not self.live_pids():
+            return True
+        frozen = self._freeze()
+        try:
+            for pid in self.live_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        finally:
+            if frozen:
+                self._write("freezer", "freezer.state", "THAWED")
         deadline = time.monotonic() + timeout
         while True:
             pids = self.live_pids()
@@ -133,6 +151,29 @@ class ProcessGroup:
                 log.warning("cgroup %s still has processes %s after kill", self.name, sorted(pids))
                 return False
             time.sleep(0.005)
+
+    def _write(self, controller: str, name: str, value: str) -> bool:
+        path = self.dirs.get(controller)
+        if path is None:
+            return False
+        try:
+            (path / name).write_text(value)
+            return True
+        except OSError:
+            return False
+
+    def _freeze(self, timeout: float = 1.0) -> bool:
+        if not self._write("freezer", "freezer.state", "FROZEN"):
+            return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if (self.dirs["freezer"] / "freezer.state").read_text().strip() == "FROZEN":
+                    return True
+            except OSError:
+                return True
+            time.sleep(0.001)
+        return True  # partly frozen still slows forks down; the kill loop below finishes the job
 
     def destroy(self) -> None:
         self.kill_all()
@@ -188,7 +229,7 @@ def _prlimit() -> str:
 def reap_stale_cgroups() -> int:
     """Kill and remove patchgym cgroups whose owning process is dead; return how many."""
     removed = 0
-    bases = [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory")] + [CGROUP_ROOT / CGROUP_PARENT]
+    bases = [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory", "freezer")] + [CGROUP_ROOT / CGROUP_PARENT]
     for base in bases:
         for child in stale_children(base):
             if not child.is_dir():
