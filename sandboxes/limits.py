@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .process import is_dead_or_exiting
 from .reaper import owned_name, stale_children
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,8 @@ class ProcessGroup:
         return found
 
     def live_pids(self) -> set[int]:
-        """Members that are not zombies (a zombie holds no resources and cannot be killed)."""
-        return {pid for pid in self.pids() if not _is_zombie(pid)}
+        """Members that are neither zombies nor already exiting (neither can be killed further)."""
+        return {pid for pid in self.pids() if not is_dead_or_exiting(pid)}
 
     def kill_all(self, timeout: float = 5.0) -> bool:
         """SIGKILL every process in the group until none is left; True when it emptied.
@@ -239,11 +240,3 @@ def reap_stale_cgroups() -> int:
             stale.destroy()
             removed += 1
     return removed
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True  # gone already

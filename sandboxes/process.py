@@ -21,6 +21,19 @@ from .output import CappedOutput
 KillTree = Callable[[subprocess.Popen], None]
 
 
+PF_EXITING = 0x4  # kernel task flag: the process is past the point of no return in exit()
+
+
+def is_dead_or_exiting(pid: int) -> bool:
+    """True for a process that is dead (zombie) or already exiting, or gone: nothing to kill."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
+    except (OSError, IndexError, ValueError):
+        return True  # gone already
+
+
 def kill_process_group(proc: subprocess.Popen) -> None:
     """SIGKILL the session/process group the command was started in."""
     try:

@@ -32,7 +32,7 @@ from pgrt.files import (  # noqa: E402
     resolve_in_workspace,
     write_regular,
 )
-from pgrt.process import run_capped  # noqa: E402
+from pgrt.process import is_dead_or_exiting, run_capped  # noqa: E402
 
 WORKSPACE = Path("/testbed")
 HOME = Path(os.path.dirname(os.path.abspath(__file__)))
@@ -42,19 +42,11 @@ ALIASES = (str(WORKSPACE),)
 PROTECTED = {int(p) for p in os.listdir("/proc") if p.isdigit()} | {os.getpid()}
 
 
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return "X"
-
-
 def kill_strays(_proc: object = None) -> None:
     """SIGKILL every live process started after this server (zombies are the init's to reap)."""
     for _ in range(400):
         victims = [pid for pid in (int(p) for p in os.listdir("/proc") if p.isdigit())
-                   if pid not in PROTECTED and _state(pid) not in ("Z", "X")]
+                   if pid not in PROTECTED and not is_dead_or_exiting(pid)]
         if not victims:
             return
         for pid in victims:
