@@ -50,6 +50,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -587,22 +588,38 @@ def environment_key(spec: EnvironmentSpec, base_id: str) -> str:
                     "pre_install": list(spec.pre_install)})
 
 
+@contextmanager
+def _build_once(tag: str, key: str, header: str, summary: str, progress: Progress) -> Iterator[Path | None]:
+    """Build ``tag`` at most once across threads and processes.
+
+    Yields None when the image exists (checked again under the build lock), else the log file to
+    build with; reports the start and the time taken.
+    """
+    if _image(tag) is not None:
+        yield None
+        return
+    with file_lock(_lock_path(key)):
+        if _image(tag) is not None:
+            yield None
+            return
+        log_file = cache_dir("envs") / f"docker-{key}.log"
+        log_file.write_text(header)
+        started = time.monotonic()
+        _report(progress, f"building {tag} ({summary})")
+        yield log_file
+        _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
+
+
 def environment_image(spec: EnvironmentSpec, *, release: str = DEFAULT_RELEASE, progress: Progress = None) -> str:
     """The ``patchgym/env:<hash>`` image for ``spec`` (built once if missing); return its tag."""
     base = _ensure_base(release, progress)
     check_python(spec, base, release)
     key = environment_key(spec, base.id)
     tag = f"{ENV_REPO}:{key}"
-    if _image(tag) is not None:
-        return tag
-    envs = cache_dir("envs")
-    with file_lock(_lock_path(f"env-{key}")):
-        if _image(tag) is not None:
+    summary = f"python {spec.python}; {', '.join(spec.packages) or 'no packages'}"
+    with _build_once(tag, key, f"# {tag} from {base_tag(release)} ({base.id})\n", summary, progress) as log_file:
+        if log_file is None:
             return tag
-        log_file = envs / f"docker-{key}.log"
-        log_file.write_text(f"# {tag} from {base_tag(release)} ({base.id})\n")
-        started = time.monotonic()
-        _report(progress, f"building {tag} (python {spec.python}; {', '.join(spec.packages) or 'no packages'})")
         with _BuildContainer(base.id, log_file, purpose=tag) as box:
             _report(progress, f"creating {VENV}")
             box.run(["python3", "-m", "venv", VENV], what="creating the venv")
@@ -616,7 +633,6 @@ def environment_image(spec: EnvironmentSpec, *, release: str = DEFAULT_RELEASE, 
             _report(progress, f"committing {tag}")
             box.commit(ENV_REPO, key, kind="env",
                        changes=[f"ENV VIRTUAL_ENV={VENV}", f"ENV PATH={VENV}/bin:{SYSTEM_PATH}"])
-        _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
     return tag
 
 
@@ -650,16 +666,10 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
         raise EnvironmentBuildError(f"{env_tag} disappeared")
     key = instance_key(env.id, repo, base_commit, spec)
     tag = f"{INSTANCE_REPO}:{key}"
-    if _image(tag) is not None:
-        return tag
-    envs = cache_dir("envs")
-    with file_lock(_lock_path(f"instance-{key}")):
-        if _image(tag) is not None:
+    header = f"# {tag} from {env_tag}: {repo} at {base_commit}\n"
+    with _build_once(tag, key, header, f"{Path(repo).name} at {base_commit[:12]}", progress) as log_file:
+        if log_file is None:
             return tag
-        log_file = envs / f"docker-{key}.log"
-        log_file.write_text(f"# {tag} from {env_tag}: {repo} at {base_commit}\n")
-        started = time.monotonic()
-        _report(progress, f"building {tag} ({Path(repo).name} at {base_commit[:12]})")
         checkout = pristine_checkout(repo, base_commit)
         with _BuildContainer(env.id, log_file, purpose=tag) as box:
             _report(progress, f"copying the checkout into {WORKDIR}")
@@ -672,7 +682,6 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
                         env=_venv_environ())
             _report(progress, f"committing {tag}")
             box.commit(INSTANCE_REPO, key, kind="instance", changes=[f"WORKDIR {WORKDIR}"])
-        _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
     return tag
 
 
