@@ -81,6 +81,11 @@ class Verifier:
         if not report.patch_exists and not run_empty:
             report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
             return report
+        if report.patch_exists and not split_diff(patch or ""):
+            # Nothing to apply: say so without paying for a sandbox.
+            report.error = "the patch is not a unified diff"
+            report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
+            return report
         sandbox: Sandbox | None = None
         try:
             sandbox = self.factory(task)
@@ -116,9 +121,6 @@ class Verifier:
         if patch.strip():
             to_apply, dropped = filter_agent_patch(patch, protected)
             report.ignored_paths = dropped
-            if not split_diff(patch):
-                report.error = "the patch is not a unified diff"
-                return
             if to_apply:
                 method = apply_patch(sandbox, to_apply)
                 if method is None:
