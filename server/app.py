@@ -1,33 +1,29 @@
 """The HTTP API over patchgym's environments: sessions of ``RepoEnv``, a stateless verifier, the
-task catalog (public view only), health and Prometheus metrics.
+task catalog (public view only), health and Prometheus metrics; plus the NeMo Gym and OpenEnv
+protocols (:mod:`server.nemo_gym`, :mod:`server.openenv`) over the same sessions.
 
-``gym_envs`` knows nothing of HTTP; this module only drives its public API. Blocking environment
-calls run in worker threads (see :mod:`server.sessions`), never on the event loop.
+``gym_envs`` knows nothing of HTTP; this module only drives its public API through
+:class:`server.core.EnvService`. Blocking environment calls run in worker threads (see
+:mod:`server.sessions`), never on the event loop.
 """
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import secrets
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-import anyio
-import anyio.to_thread
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gym_envs.backends import sandbox_factory
 from gym_envs.catalog import TaskSet, UnknownTaskError, load_task_set
-from gym_envs.envs.repo_env import RepoEnv
-from gym_envs.verifier import Verifier
 from sandboxes import SandboxError
 
+from .core import EnvService, EpisodeOver
 from .models import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -42,7 +38,7 @@ from .models import (
     VerifyRequest,
     VerifyResponse,
 )
-from .sessions import CapacityError, OperationTimeout, Session, SessionBusy, SessionManager, SessionNotFound
+from .sessions import CapacityError, OperationTimeout, SessionBusy, SessionNotFound
 
 log = logging.getLogger(__name__)
 
@@ -54,26 +50,6 @@ ERRORS = {
     504: {"model": ErrorBody, "description": "The operation ran past its deadline."},
 }
 AUTH_ERRORS = {401: {"model": ErrorBody, "description": "Missing or wrong bearer token."}}
-
-
-class EpisodeOver(RuntimeError):
-    """A step on a session whose episode has ended."""
-
-
-class _Metrics:
-    def __init__(self, manager: SessionManager) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        Gauge("patchgym_sessions_active", "Sessions open.", registry=r).set_function(lambda: len(manager))
-        Gauge("patchgym_sessions_max", "Session capacity.", registry=r).set(manager.max_sessions)
-        self.sessions_created = Counter("patchgym_sessions_created_total", "Sessions created.", registry=r)
-        self.steps = Counter("patchgym_steps_total", "Environment steps taken.", registry=r)
-        self.step_latency = Histogram("patchgym_step_latency_seconds", "Latency of environment steps.",
-                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900),
-                                      registry=r)
-        self.verifications = Counter("patchgym_verifications_total", "Stateless verifications.", registry=r)
-        self.errors = Counter("patchgym_errors_total", "Requests answered with an error, by kind.", ["kind"],
-                              registry=r)
 
 
 def create_app(
@@ -91,18 +67,10 @@ def create_app(
     ``sandbox_options``, ...). ``operation_timeout``: deadline of one environment call (a reset
     may build an environment; a submit runs the tests)."""
     task_set = tasks if isinstance(tasks, TaskSet) else load_task_set(tasks)
-    env_options = dict(env_options or {})
-    env_options.pop("tasks", None)
-    env_options.pop("backend", None)
-    factory = sandbox_factory(backend, **env_options.get("sandbox_options", None) or {})  # validates the backend
-    verifier = Verifier(factory, partial_credit=bool(env_options.get("partial_credit", False)))
-    RepoEnv(task_set, backend=backend, **env_options).close()  # a bad option fails here, not per session
     tokens = [token] if isinstance(token, str) else list(token or [])
-    if any(not t for t in tokens):
-        raise ValueError("an empty token would accept anyone")
-    manager = SessionManager(max_sessions=max_sessions, idle_ttl=idle_ttl, operation_timeout=operation_timeout)
-    metrics = _Metrics(manager)
-    verify_slots: list[anyio.CapacityLimiter] = []
+    service = EnvService(task_set, backend=backend, env_options=env_options or {}, max_sessions=max_sessions,
+                         idle_ttl=idle_ttl, operation_timeout=operation_timeout, tokens=tokens)
+    manager, metrics = service.manager, service.metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -125,23 +93,12 @@ def create_app(
 
     app = FastAPI(title="patchgym", version="0.1.0", lifespan=lifespan,
                   description="SWE-bench-style verifiable-reward environments over HTTP.")
+    app.state.service = service
     app.state.manager = manager
     app.state.metrics = metrics
     app.state.task_set = task_set
 
-    bearer = HTTPBearer(auto_error=False, description="Required when the server was started with a token.")
-
-    def owner(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
-        """The caller's identity: a digest of its token (None without auth)."""
-        if not tokens:
-            return None
-        given = creds.credentials.encode() if creds is not None else b""
-        if not creds or not any(secrets.compare_digest(given, t.encode()) for t in tokens):
-            metrics.errors.labels("unauthorized").inc()
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-        return hashlib.sha256(given).hexdigest()
-
-    Owner = Annotated[str | None, Depends(owner)]
+    Owner = Annotated[str | None, Depends(service.owner_dependency())]
 
     # -- errors: every known failure has its status; a client mistake is never a 5xx --------
 
@@ -178,6 +135,11 @@ def create_app(
         return error(503, "infrastructure", f"sandbox infrastructure failure ({type(exc).__name__}: {exc}); "
                                             "the session was closed, start a new one")
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.errors.labels("validation").inc()
+        return await request_validation_exception_handler(request, exc)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
@@ -185,74 +147,27 @@ def create_app(
 
     # -- sessions -------------------------------------------------------------------------
 
-    def check_task(task_id: str | None) -> None:
-        if task_id is not None:
-            task_set.get(task_id)  # UnknownTaskError -> 404, before any slot or sandbox is taken
-
-    async def operate(session: Session, fn: Any) -> Any:
-        try:
-            return await manager.operate(session, fn)
-        except SandboxError:
-            await manager.close(session)  # its sandbox is in an unknown state
-            raise
-
     @app.post("/v1/sessions", response_model=CreateSessionResponse, status_code=201, tags=["sessions"],
               responses={**ERRORS, **AUTH_ERRORS, 429: {"model": ErrorBody, "description": "No free session."}})
     async def create_session(body: CreateSessionRequest, who: Owner) -> CreateSessionResponse:
         """Open a session (a ``RepoEnv``) and reset it on a task."""
-        check_task(body.task_id)
-        options = dict(env_options)
-        if body.max_steps is not None:
-            options["max_steps"] = body.max_steps
-        if body.time_limit is not None:
-            options["time_limit"] = body.time_limit
-
-        def start(session: Session) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
-            env = session.env = RepoEnv(task_set, backend=backend, **options)
-            obs, info = env.reset(seed=body.seed, options=_reset_options(body.task_id))
-            session.instance_id = info.get("instance_id")
-            return obs, info, env.tools
-
-        session, (obs, info, tools) = await manager.create(who, start)
-        metrics.sessions_created.inc()
-        return CreateSessionResponse(session_id=session.id, observation=obs, info=info, tools=tools)
+        session, obs, info = await service.open_session(who, task_id=body.task_id, seed=body.seed,
+                                                        max_steps=body.max_steps, time_limit=body.time_limit)
+        return CreateSessionResponse(session_id=session.id, observation=obs, info=info, tools=service.tools)
 
     @app.post("/v1/sessions/{session_id}/step", response_model=StepResponse, tags=["sessions"],
               responses={**ERRORS, **AUTH_ERRORS,
                          409: {"model": ErrorBody, "description": "Busy, or the episode is over."}})
     async def step(session_id: str, body: StepRequest, who: Owner) -> StepResponse:
         """Take one tool call. After ``terminated`` or ``truncated``, reset before stepping again."""
-        session = manager.get(session_id, who)
-
-        def run() -> tuple[str, float, bool, bool, dict[str, Any]]:
-            if session.done or session.env is None:
-                raise EpisodeOver("the episode is over: reset the session before stepping again")
-            result = session.env.step(body.action)
-            session.steps += 1
-            session.done = bool(result[2] or result[3])
-            return result
-
-        started = time.monotonic()
-        obs, reward, terminated, truncated, info = await operate(session, run)
-        metrics.steps.inc()
-        metrics.step_latency.observe(time.monotonic() - started)
+        obs, reward, terminated, truncated, info = await service.step(manager.get(session_id, who), body.action)
         return StepResponse(observation=obs, reward=reward, terminated=terminated, truncated=truncated, info=info)
 
     @app.post("/v1/sessions/{session_id}/reset", response_model=ResetResponse, tags=["sessions"],
               responses={**ERRORS, **AUTH_ERRORS, 409: {"model": ErrorBody, "description": "Busy."}})
     async def reset(session_id: str, body: ResetRequest, who: Owner) -> ResetResponse:
         """Start a new episode in the session (a fresh sandbox)."""
-        session = manager.get(session_id, who)
-        check_task(body.task_id)
-
-        def run() -> tuple[str, dict[str, Any]]:
-            assert session.env is not None
-            obs, info = session.env.reset(seed=body.seed, options=_reset_options(body.task_id))
-            session.instance_id = info.get("instance_id")
-            session.steps, session.done = 0, False
-            return obs, info
-
-        obs, info = await operate(session, run)
+        obs, info = await service.reset(manager.get(session_id, who), task_id=body.task_id, seed=body.seed)
         return ResetResponse(observation=obs, info=info)
 
     @app.get("/v1/sessions/{session_id}", response_model=SessionStatus, tags=["sessions"],
@@ -274,17 +189,7 @@ def create_app(
     @app.post("/v1/verify", response_model=VerifyResponse, tags=["verify"], responses={**ERRORS, **AUTH_ERRORS})
     async def verify(body: VerifyRequest, who: Owner) -> VerifyResponse:
         """Grade a patch for a task in a fresh sandbox (no session needed)."""
-        task = task_set.get(body.instance_id)
-        if not verify_slots:
-            verify_slots.append(anyio.CapacityLimiter(max_sessions))
-        try:
-            with anyio.fail_after(operation_timeout):
-                report = await anyio.to_thread.run_sync(
-                    lambda: verifier.verify(task, body.patch, run_empty=True),
-                    abandon_on_cancel=True, limiter=verify_slots[0])
-        except TimeoutError:
-            raise OperationTimeout(f"verification ran past its {operation_timeout:g}s deadline") from None
-        metrics.verifications.inc()
+        report = await service.verify(body.instance_id, body.patch)
         return VerifyResponse(reward=report.reward, resolved=report.resolved,
                               infrastructure_failure=report.infrastructure_failure, report=report.swebench_dict())
 
@@ -310,6 +215,3 @@ def create_app(
 
     return app
 
-
-def _reset_options(task_id: str | None) -> dict[str, Any] | None:
-    return {"task_id": task_id} if task_id is not None else None

@@ -44,8 +44,8 @@ class OperationTimeout(RuntimeError):
 
 
 class Session:
-    def __init__(self, owner: str | None) -> None:
-        self.id = uuid.uuid4().hex
+    def __init__(self, owner: str | None, session_id: str | None = None) -> None:
+        self.id = session_id or uuid.uuid4().hex
         self.owner = owner
         self.env: RepoEnv | None = None
         self.instance_id: str | None = None
@@ -112,10 +112,15 @@ class SessionManager:
         self.operation_timeout = operation_timeout
         self._sessions: dict[str, Session] = {}
         self._pending = 0
+        self._starting: set[str] = set()
         self._limiter: anyio.CapacityLimiter | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    @property
+    def limiter_if_started(self) -> anyio.CapacityLimiter | None:
+        return self._limiter
 
     @property
     def limiter(self) -> anyio.CapacityLimiter:
@@ -127,13 +132,18 @@ class SessionManager:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def create(self, owner: str | None, start: Callable[[Session], T]) -> tuple[Session, T]:
+    async def create(self, owner: str | None, start: Callable[[Session], T],
+                     session_id: str | None = None) -> tuple[Session, T]:
         """Reserve a slot, run ``start(session)`` (which sets ``session.env``) in a thread, and
-        register the session once it succeeded. Raises :class:`CapacityError` when full."""
+        register the session once it succeeded. Raises :class:`CapacityError` when full.
+        ``session_id``: the id to use (default: a random one); it must not be in use."""
         if len(self._sessions) + self._pending >= self.max_sessions:
             raise CapacityError(f"all {self.max_sessions} sessions are in use")
+        if session_id is not None and (session_id in self._sessions or session_id in self._starting):
+            raise SessionBusy(session_id)
         self._pending += 1
-        session = Session(owner)
+        session = Session(owner, session_id)
+        self._starting.add(session.id)
         try:
             if not session.try_begin():  # cannot happen: nobody else knows this session yet
                 raise SessionBusy(session.id)
@@ -146,6 +156,7 @@ class SessionManager:
             return session, result
         finally:
             self._pending -= 1
+            self._starting.discard(session.id)
 
     def get(self, session_id: str, owner: str | None) -> Session:
         session = self._sessions.get(session_id)

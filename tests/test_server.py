@@ -269,7 +269,7 @@ def test_serve_refuses_a_public_host_without_token():
 
 
 def test_sandbox_failure_is_503_and_closes_the_session(calc_tasks_file, monkeypatch):
-    import server.app
+    import server.core
     from gym_envs.envs.repo_env import RepoEnv
     from sandboxes import SandboxError
 
@@ -277,7 +277,7 @@ def test_sandbox_failure_is_503_and_closes_the_session(calc_tasks_file, monkeypa
         def step(self, action):
             raise SandboxError("the sandbox vanished")
 
-    monkeypatch.setattr(server.app, "RepoEnv", BrokenEnv)
+    monkeypatch.setattr(server.core, "RepoEnv", BrokenEnv)
     with serve(create_app(tasks=calc_tasks_file)) as u, httpx.Client(base_url=u, timeout=120) as c:
         sid = c.post("/v1/sessions", json={"task_id": TASK}).json()["session_id"]
         r = c.post(f"/v1/sessions/{sid}/step", json={"action": SUBMIT})

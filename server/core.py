@@ -1,0 +1,195 @@
+"""What every HTTP protocol of the server shares: the task set, the sessions, the verifier, auth and
+metrics. The native API (:mod:`server.app`), the NeMo Gym routes (:mod:`server.nemo_gym`) and the
+OpenEnv routes (:mod:`server.openenv`) are thin translations over one :class:`EnvService`, so a
+limit, a deadline or a metric holds whichever protocol a client speaks.
+"""
+
+
+import hashlib
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import anyio
+import anyio.to_thread
+from fastapi import Depends, HTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gym_envs.backends import sandbox_factory
+from gym_envs.catalog import TaskSet
+from gym_envs.envs.repo_env import RepoEnv
+from gym_envs.verifier import InstanceReport, Verifier
+from sandboxes import SandboxError
+
+from .sessions import OperationTimeout, Session, SessionManager
+
+SUBMIT = {"name": "submit", "arguments": {}}
+
+
+class EpisodeOver(RuntimeError):
+    """A step on a session whose episode has ended."""
+
+
+class Metrics:
+    """The server's Prometheus registry (one per app, so several apps can live in one process)."""
+
+    def __init__(self, manager: SessionManager, queue_depth: Any) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        Gauge("patchgym_sessions_active", "Sessions open.", registry=r).set_function(lambda: len(manager))
+        Gauge("patchgym_sessions_max", "Session capacity.", registry=r).set(manager.max_sessions)
+        Gauge("patchgym_queue_depth", "Requests waiting for a worker thread.",
+              registry=r).set_function(queue_depth)
+        self.sessions_created = Counter("patchgym_sessions_created_total", "Sessions created.", ["protocol"],
+                                        registry=r)
+        self.steps = Counter("patchgym_steps_total", "Environment steps taken.", ["protocol"], registry=r)
+        self.step_latency = Histogram("patchgym_step_latency_seconds", "Latency of environment steps.",
+                                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+                                               300, 900),
+                                      registry=r)
+        self.verifications = Counter("patchgym_verifications_total", "Stateless verifications.", registry=r)
+        self.errors = Counter("patchgym_errors_total", "Requests answered with an error, by kind.", ["kind"],
+                              registry=r)
+
+
+class EnvService:
+    """Sessions of ``RepoEnv`` plus a stateless verifier, behind deadlines and a capacity bound.
+
+    Every blocking call runs in a worker thread (never on the event loop) under
+    ``operation_timeout``. ``env_options`` go to every ``RepoEnv``.
+    """
+
+    def __init__(self, task_set: TaskSet, *, backend: str, env_options: dict[str, Any], max_sessions: int,
+                 idle_ttl: float, operation_timeout: float, tokens: Sequence[str]) -> None:
+        self.task_set = task_set
+        self.backend = backend
+        self.env_options = dict(env_options)
+        self.env_options.pop("tasks", None)
+        self.env_options.pop("backend", None)
+        factory = sandbox_factory(backend, **self.env_options.get("sandbox_options", None) or {})
+        self.verifier = Verifier(factory, partial_credit=bool(self.env_options.get("partial_credit", False)))
+        RepoEnv(task_set, backend=backend, **self.env_options).close()  # a bad option fails here, not per session
+        if any(not t for t in tokens):
+            raise ValueError("an empty token would accept anyone")
+        self.tokens = list(tokens)
+        self.operation_timeout = operation_timeout
+        self.manager = SessionManager(max_sessions=max_sessions, idle_ttl=idle_ttl,
+                                      operation_timeout=operation_timeout)
+        self.metrics = Metrics(self.manager, self.queue_depth)
+        self._verify_slots: anyio.CapacityLimiter | None = None
+        self.tools: list[dict[str, Any]] = RepoEnv(task_set, backend=backend, **self.env_options).tools
+
+    def queue_depth(self) -> int:
+        """Operations and verifications waiting for a worker thread."""
+        limiters = [lim for lim in (self.manager.limiter_if_started, self._verify_slots) if lim is not None]
+        return sum(lim.statistics().tasks_waiting for lim in limiters)
+
+    # -- auth -----------------------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> str | None:
+        """The caller's identity: a digest of its token (None when the server has no tokens).
+        Raises 401 for a missing or wrong token."""
+        if not self.tokens:
+            return None
+        given = (token or "").encode()
+        if not token or not any(secrets.compare_digest(given, t.encode()) for t in self.tokens):
+            self.metrics.errors.labels("unauthorized").inc()
+            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return hashlib.sha256(given).hexdigest()
+
+    def owner_dependency(self) -> Any:
+        """A FastAPI dependency resolving to the caller's identity (see :meth:`authenticate`)."""
+        bearer = HTTPBearer(auto_error=False, description="Required when the server was started with a token.")
+
+        def owner(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
+            return self.authenticate(creds.credentials if creds is not None else None)
+
+        return owner
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def open_session(self, owner: str | None, *, task_id: str | None = None, seed: int | None = None,
+                           protocol: str = "native", session_id: str | None = None,
+                           **overrides: Any) -> tuple[Session, str, dict[str, Any]]:
+        """Open a session on a task (``task_id`` or one drawn with ``seed``); its first observation
+        and info. ``overrides`` replace env options for this session (``max_steps``, ``time_limit``)."""
+        if task_id is not None:
+            self.task_set.get(task_id)  # UnknownTaskError -> 404, before any slot or sandbox is taken
+        options = dict(self.env_options)
+        options.update({k: v for k, v in overrides.items() if v is not None})
+
+        def start(session: Session) -> tuple[str, dict[str, Any]]:
+            env = session.env = RepoEnv(self.task_set, backend=self.backend, **options)
+            obs, info = env.reset(seed=seed, options=_reset_options(task_id))
+            session.instance_id = info.get("instance_id")
+            return obs, info
+
+        session, (obs, info) = await self.manager.create(owner, start, session_id=session_id)
+        self.metrics.sessions_created.labels(protocol).inc()
+        return session, obs, info
+
+    async def step(self, session: Session, action: Any,
+                   protocol: str = "native") -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One tool call; :class:`EpisodeOver` after the episode ended."""
+
+        def run() -> tuple[str, float, bool, bool, dict[str, Any]]:
+            if session.done or session.env is None:
+                raise EpisodeOver("the episode is over: reset the session before stepping again")
+            result = session.env.step(action)
+            session.steps += 1
+            session.done = bool(result[2] or result[3])
+            return result
+
+        started = time.monotonic()
+        result = await self._operate(session, run)
+        self.metrics.steps.labels(protocol).inc()
+        self.metrics.step_latency.observe(time.monotonic() - started)
+        return result
+
+    async def reset(self, session: Session, *, task_id: str | None = None,
+                    seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        """A new episode in the session (a fresh sandbox)."""
+        if task_id is not None:
+            self.task_set.get(task_id)
+
+        def run() -> tuple[str, dict[str, Any]]:
+            assert session.env is not None
+            obs, info = session.env.reset(seed=seed, options=_reset_options(task_id))
+            session.instance_id = info.get("instance_id")
+            session.steps, session.done = 0, False
+            return obs, info
+
+        return await self._operate(session, run)
+
+    async def close(self, session: Session) -> None:
+        await self.manager.close(session)
+
+    async def _operate(self, session: Session, fn: Any) -> Any:
+        try:
+            return await self.manager.operate(session, fn)
+        except SandboxError:
+            await self.manager.close(session)  # its sandbox is in an unknown state
+            raise
+
+    # -- stateless ------------------------------------------------------------------------
+
+    async def verify(self, instance_id: str, patch: str) -> InstanceReport:
+        """Grade ``patch`` for a task in a fresh sandbox; at most ``max_sessions`` at once."""
+        task = self.task_set.get(instance_id)
+        if self._verify_slots is None:  # needs a running event loop
+            self._verify_slots = anyio.CapacityLimiter(self.manager.max_sessions)
+        try:
+            with anyio.fail_after(self.operation_timeout):
+                report = await anyio.to_thread.run_sync(
+                    lambda: self.verifier.verify(task, patch, run_empty=True),
+                    abandon_on_cancel=True, limiter=self._verify_slots)
+        except TimeoutError:
+            raise OperationTimeout(f"verification ran past its {self.operation_timeout:g}s deadline") from None
+        self.metrics.verifications.inc()
+        return report
+
+
+def _reset_options(task_id: str | None) -> dict[str, Any] | None:
+    return {"task_id": task_id} if task_id is not None else None
