@@ -3,9 +3,7 @@ and RemoteEnv through gym.make."""
 
 from __future__ import annotations
 
-import contextlib
 import shlex
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,10 +11,10 @@ from collections.abc import Iterator
 import gymnasium as gym
 import httpx
 import pytest
-import uvicorn
 
 import server  # noqa: F401  (registers patchgym/Remote-v0)
 from server.app import create_app
+from tests.serving import serve
 
 TASK = "fixture__calc-1"
 
@@ -30,33 +28,6 @@ def apply_via_bash(patch: str) -> dict:
 
 
 SUBMIT = {"name": "submit", "arguments": {}}
-
-
-@contextlib.contextmanager
-def serve(app) -> Iterator[str]:
-    """Run ``app`` on a real uvicorn server on a free loopback port, in a background thread."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
-    try:
-        yield url
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,46 @@
+"""Run an app on a real uvicorn server for the tests (the server tests never use a test client:
+threads, deadlines and disconnects behave only as they do on a real server)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(app) -> Iterator[str]:
+    """Run ``app`` on a real uvicorn server on a free loopback port, in a background thread."""
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+
+
