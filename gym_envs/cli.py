@@ -216,8 +216,18 @@ def serve(
     token: Annotated[list[str] | None, typer.Option(
         "--token", envvar="PATCHGYM_SERVER_TOKEN",
         help="Bearer token clients must send (repeat for several; env PATCHGYM_SERVER_TOKEN).")] = None,
+    idle_ttl: Annotated[float, typer.Option("--idle-ttl", min=1, help="Close sessions idle this long (s).")] = 900,
+    operation_timeout: Annotated[float, typer.Option(
+        "--operation-timeout", min=1, help="Deadline of one reset, step or verification (s).")] = 1800,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Steps before an episode is truncated.")] = 50,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", min=1, help="Seconds per episode.")] = None,
+    command_timeout: Annotated[float, typer.Option(
+        "--command-timeout", min=1, help="Deadline of one bash command (s).")] = 120,
+    output_limit: Annotated[int, typer.Option(
+        "--output-limit", min=256, help="Characters of command output kept per step.")] = 16_000,
 ) -> None:
-    """Serve the environments over HTTP (sessions, verification, tasks, metrics)."""
+    """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
+    OpenEnv's routes, over one set of bounded sessions."""
     import ipaddress
 
     try:
@@ -231,11 +241,16 @@ def serve(
 
     from server.app import create_app  # lazily: gym_envs knows nothing of HTTP
 
+    env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
+                   "output_limit": output_limit}
     try:
-        api = create_app(tasks=_load(tasks), backend=backend, max_sessions=max_sessions, token=token or None)
+        api = create_app(tasks=_load(tasks), backend=backend, max_sessions=max_sessions, token=token or None,
+                         idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options)
     except ValueError as exc:
         fail(str(exc))
-    uvicorn.run(api, host=host, port=port, log_level=os.environ.get("PATCHGYM_LOG", "info").lower())
+    # In-flight requests get a short grace on shutdown; then the lifespan closes every sandbox.
+    uvicorn.run(api, host=host, port=port, log_level=os.environ.get("PATCHGYM_LOG", "info").lower(),
+                timeout_graceful_shutdown=10)
 
 
 def main() -> None:

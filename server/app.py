@@ -82,6 +82,7 @@ def create_app(
                 except Exception:  # the reaper must outlive any one failure
                     log.exception("reaping idle sessions failed")
 
+        await service.reap_leftovers()  # what a killed server left: sandboxes, cgroups, containers
         task = asyncio.create_task(reaper())
         try:
             yield

@@ -6,6 +6,7 @@ limit, a deadline or a metric holds whichever protocol a client speaks.
 
 
 import hashlib
+import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -21,10 +22,11 @@ from gym_envs.backends import sandbox_factory
 from gym_envs.catalog import TaskSet
 from gym_envs.envs.repo_env import RepoEnv
 from gym_envs.verifier import InstanceReport, Verifier
-from sandboxes import SandboxError
+from sandboxes import SandboxError, reap_stale
 
 from .sessions import OperationTimeout, Session, SessionManager
 
+log = logging.getLogger(__name__)
 SUBMIT = {"name": "submit", "arguments": {}}
 
 
@@ -172,6 +174,28 @@ class EnvService:
         except SandboxError:
             await self.manager.close(session)  # its sandbox is in an unknown state
             raise
+
+    async def reap_leftovers(self) -> dict[str, int]:
+        """Remove what dead processes (a killed server, say) left: local sandboxes and cgroups,
+        and for the docker backend patchgym's containers of dead owners. Never a live process's."""
+
+        def reap() -> dict[str, int]:
+            removed = {"local": reap_stale(), "docker": 0}
+            if self.backend == "docker":
+                from sandboxes.docker import gc_containers
+
+                removed["docker"] = len(gc_containers())
+            return removed
+
+        try:
+            with anyio.fail_after(120):
+                removed = await anyio.to_thread.run_sync(reap, abandon_on_cancel=True)
+        except (TimeoutError, SandboxError) as exc:  # a server that cannot reap can still serve
+            log.warning("reaping leftovers failed: %s", exc)
+            return {}
+        if any(removed.values()):
+            log.info("removed leftovers of dead processes: %s", removed)
+        return removed
 
     # -- stateless ------------------------------------------------------------------------
 
