@@ -117,6 +117,27 @@ def tasks_show(instance_id: str, tasks: TasksOpt = None,
     out.print(task.problem_statement, markup=False, highlight=False)
 
 
+@tasks_app.command("nemo-gym-dataset")
+def tasks_nemo_gym_dataset(
+    output: Annotated[Path, typer.Option("--output", help="JSONL file to write.")],
+    tasks: TasksOpt = None,
+    instance_ids: Annotated[list[str] | None,
+                            typer.Option("--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
+    agent_name: Annotated[str | None, typer.Option(
+        "--agent-name", help="NeMo Gym agent to route every row to (adds agent_ref).")] = None,
+) -> None:
+    """Write tasks as NeMo Gym dataset rows (prompt, tools, instance_id; never the answers), for a
+    NeMo Gym agent whose resources server is `patchgym serve`."""
+    from server.nemo_gym import nemo_gym_dataset_rows  # lazily: gym_envs knows nothing of HTTP
+
+    task_set = _load(tasks, instance_ids)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w", encoding="utf-8") as f:
+        for row in nemo_gym_dataset_rows(task_set, agent_name=agent_name):
+            f.write(json.dumps(row) + "\n")
+    out.print(f"wrote {len(task_set)} NeMo Gym rows to {output}")
+
+
 @tasks_app.command("validate")
 def tasks_validate(
     instance_ids: Annotated[list[str] | None, typer.Argument(help="Ids to validate (default: all).")] = None,

@@ -38,6 +38,8 @@ from .models import (
     VerifyRequest,
     VerifyResponse,
 )
+from .nemo_gym import nemo_gym_router
+from .openenv import openenv_router
 from .sessions import CapacityError, OperationTimeout, SessionBusy, SessionNotFound
 
 log = logging.getLogger(__name__)
@@ -214,5 +216,7 @@ def create_app(
     async def metrics_text() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(openenv_router(service))
+    app.include_router(nemo_gym_router(service))
     return app
 

@@ -1,0 +1,295 @@
+"""NeMo Gym's resources-server protocol over a real uvicorn server: seed, tool calls, verify and
+close, called the way NeMo Gym's agent calls them (each call carries only the cookies of the
+previous response), plus the typed session contract, auth, masking and the dataset rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from gym_envs.catalog import load_task_set
+from server.app import create_app
+from server.nemo_gym import COOKIE, nemo_gym_dataset_rows
+from tests.serving import serve
+from tests.test_server import TASK, apply_via_bash
+
+FIX_OLD = "    values = list(values)\n    return sum(values)"
+FIX_NEW = '    values = list(values)\n    if not values:\n        raise ValueError("mean() of an empty sequence")\n' \
+          "    return sum(values)"
+
+
+class Rollout:
+    """One rollout's calls as NeMo Gym's simple agent makes them: each request sends the cookies of
+    the latest response and nothing else (its client keeps no cookie jar)."""
+
+    def __init__(self, http: httpx.Client, headers: dict[str, str] | None = None) -> None:
+        self.http = http
+        self.headers = headers or {}
+        self.cookies: dict[str, str] = {}
+
+    def post(self, path: str, body: object = None, *, raw: bytes | None = None) -> httpx.Response:
+        headers = dict(self.headers)
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        if raw is not None:
+            r = self.http.post(path, content=raw, headers={**headers, "Content-Type": "application/json"})
+        else:
+            r = self.http.post(path, json=body, headers=headers)
+        self.http.cookies.clear()
+        self.cookies = dict(r.cookies)
+        return r
+
+
+@pytest.fixture(scope="module")
+def row(calc_tasks_file) -> dict:
+    return next(nemo_gym_dataset_rows(load_task_set(calc_tasks_file)))
+
+
+@pytest.fixture(scope="module")
+def url(calc_tasks_file) -> Iterator[str]:
+    with serve(create_app(tasks=calc_tasks_file)) as u:
+        yield u
+
+
+@pytest.fixture
+def http(url) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=120) as c:
+        yield c
+
+
+def seeded(http: httpx.Client, body: dict, headers: dict[str, str] | None = None) -> Rollout:
+    rollout = Rollout(http, headers)
+    r = rollout.post("/seed_session", body)
+    assert r.status_code == 200, r.text
+    assert COOKIE in rollout.cookies
+    return rollout
+
+
+def verify_body(row: dict) -> dict:
+    return {**row, "response": {"id": "resp_1", "output": [], "extra": "kept"}}
+
+
+def test_gold_patch_through_bash_verifies_to_one(http, row, calc_task):
+    rollout = seeded(http, row)
+    sid = rollout.cookies[COOKIE]
+    assert len(sid) == 32 and int(sid, 16) >= 0
+    r = rollout.post("/bash", {"command": "ls calc"})
+    assert r.status_code == 200 and r.json() == {"output": "__init__.py\n[exit code: 0]", "reward": 0.0, "done": False}
+    assert rollout.cookies == {COOKIE: sid}  # re-set on every answer: the agent keeps only the latest
+    r = rollout.post("/bash", apply_via_bash(calc_task.patch)["arguments"])
+    assert r.json()["output"].endswith("[exit code: 0]") and not r.json()["done"]
+    r = rollout.post("/verify", verify_body(row))
+    assert r.status_code == 200, r.text
+    v = r.json()
+    assert v["reward"] == 1.0 and v["resolved"] and v["mask_sample"] is False and v["failure_kind"] is None
+    assert v["instance_id"] == TASK and v["report"]["instance_id"] == TASK and v["report"]["resolved"]
+    # the request is echoed, its own fields included
+    assert v["responses_create_params"] == row["responses_create_params"] and v["response"]["extra"] == "kept"
+    # verify closed the session: its cookie is now unknown
+    assert http.post("/bash", json={"command": "true"}, headers={"Cookie": f"{COOKIE}={sid}"}).status_code == 404
+    assert http.get("/healthz").json()["sessions"] == 0
+
+
+def test_no_change_verifies_to_zero_and_a_seed_draws_a_task(http, row):
+    drawn = Rollout(http)
+    assert drawn.post("/seed_session", {"seed": 3}).json() == {"instance_id": TASK}
+    r = drawn.post("/close_session")
+    assert r.status_code == 200 and r.json() == {} and not drawn.cookies  # the cookie is dropped too
+    rollout = seeded(http, {"responses_create_params": row["responses_create_params"], "seed": 3})
+    v = rollout.post("/verify", {"responses_create_params": row["responses_create_params"], "response": {}}).json()
+    assert v["reward"] == 0.0 and not v["resolved"] and not v["mask_sample"] and v["instance_id"] == TASK
+    assert v["report"]["patch_exists"] is False
+
+
+def test_editor_and_submit_routes_and_verify_reuses_the_submit(http, row):
+    rollout = seeded(http, row)
+    r = rollout.post("/str_replace_editor", {"command": "view", "path": "calc/__init__.py"})
+    assert r.status_code == 200 and "def mean(values):" in r.json()["output"]
+    r = rollout.post("/str_replace_editor", {"command": "str_replace", "path": "calc/__init__.py",
+                                             "old_str": FIX_OLD, "new_str": FIX_NEW})
+    assert "has been edited" in r.json()["output"] and not r.json()["done"]
+    r = rollout.post("/str_replace_editor", {"command": "bogus", "path": "calc/__init__.py"})
+    assert r.status_code == 200 and not r.json()["done"] and "bogus" in r.json()["output"]  # told, not 422
+    r = rollout.post("/bash", raw=b"{not json")  # arguments that are not JSON reach the model as an error
+    assert r.status_code == 200 and "not valid JSON" in r.json()["output"]
+    r = rollout.post("/submit", {})
+    assert r.json()["reward"] == 1.0 and r.json()["done"] and "hidden tests pass" in r.json()["output"]
+    r = rollout.post("/bash", {"command": "true"})  # a call after the end: told, cookie kept for verify
+    assert r.status_code == 200 and r.json()["done"] and "over" in r.json()["output"]
+    steps = _nemo_steps(http)
+    v = rollout.post("/verify", verify_body(row)).json()
+    assert v["reward"] == 1.0 and v["resolved"] and not v["mask_sample"]
+    assert _nemo_steps(http) == steps  # the submit's grade was reused, not graded again
+
+
+def test_client_mistakes_are_clear_4xx(http, row):
+    r = http.post("/bash", json={"command": "ls"})
+    assert r.status_code == 400 and "/seed_session" in r.json()["detail"] and COOKIE in r.json()["detail"]
+    r = http.post("/bash", json={"command": "ls"}, headers={"Cookie": f"{COOKIE}={'0' * 32}"})
+    assert r.status_code == 404 and "unknown session" in r.json()["detail"]
+    r = http.post("/verify", json=verify_body(row))
+    assert r.status_code == 400 and "instance_id and patch" in r.json()["detail"]
+    r = http.post("/verify", json=verify_body(row), headers={"Cookie": f"{COOKIE}=nope"})
+    assert r.status_code == 404
+    r = http.post("/seed_session", json={**row, "instance_id": "no-such-task"})
+    assert r.status_code == 404 and "no-such-task" in r.json()["detail"] and COOKIE not in r.cookies
+    r = http.post("/seed_session", json={"task_data": {"task_id": "no-such-task"}})
+    assert r.status_code == 404
+    assert http.post("/seed_session", json={"seed": -1}).status_code == 422
+    assert http.post("/seed_session", json={"task_data": {"seed": "x"}}).status_code == 422
+    assert http.post("/close_session").json() == {}  # nothing to close is not an error
+    assert http.get("/healthz").json()["sessions"] == 0
+
+
+def test_verify_with_a_cookie_of_another_task_is_409(calc_repo, tmp_path, row):
+    from tests.conftest import calc_task_row
+
+    repo, info = calc_repo
+    tasks = tmp_path / "two.jsonl"
+    tasks.write_text("".join(json.dumps(calc_task_row(repo, info, instance_id=i)) + "\n" for i in (TASK, "other-1")))
+    with serve(create_app(tasks=tasks)) as u, httpx.Client(base_url=u, timeout=120) as c:
+        rollout = seeded(c, {**row, "instance_id": "other-1"})
+        r = rollout.post("/verify", verify_body(row))
+        assert r.status_code == 409 and "mixed up" in r.json()["detail"]
+
+
+def test_stateless_verify_grades_a_patch(http, row, calc_task):
+    r = http.post("/verify", json={**verify_body(row), "patch": calc_task.patch})
+    assert r.status_code == 200, r.text
+    v = r.json()
+    assert v["reward"] == 1.0 and v["resolved"] and not v["mask_sample"] and v["response"]["extra"] == "kept"
+    v = http.post("/verify", json={"instance_id": TASK, "patch": ""}).json()
+    assert v["reward"] == 0.0 and not v["resolved"]
+    assert http.post("/verify", json={"instance_id": "nope", "patch": ""}).status_code == 404
+
+
+def test_typed_resources_session_follows_the_contract(http, row):
+    """NeMo Gym's check_resources_session_contract: seed, repeated seed, close, repeated close, close
+    of a never-seeded id, and no seed after a close."""
+    seed = {"resources_session_id": "rs-1", "episode_id": {"rollout_id": "r"},
+            "task_id": {"taskset": "patchgym", "task_id": "0"}, "task_data": row}
+    first, again = seeded(http, seed), seeded(http, seed)
+    assert first.http.post("/seed_session", json=seed).json() == {"resources_session_id": "rs-1"}
+    assert first.cookies == again.cookies  # the same session, not a second one
+    assert http.get("/healthz").json()["sessions"] == 1
+    other_episode = {**seed, "episode_id": {"rollout_id": "r2"}}
+    assert http.post("/seed_session", json=other_episode).status_code == 409
+    assert again.post("/bash", {"command": "git status --short"}).json()["output"] == "[exit code: 0]"
+    close = {"resources_session_id": "rs-1", "episode_id": {"rollout_id": "r"}}
+    for _ in range(2):
+        r = http.post("/close_session", json=close)
+        assert r.status_code == 200 and r.json() == {"resources_session_id": "rs-1"}
+    assert http.get("/healthz").json()["sessions"] == 0
+    r = http.post("/close_session", json={**close, "resources_session_id": "rs-never"})
+    assert r.status_code == 200 and r.json() == {"resources_session_id": "rs-never"}
+    for late in ("rs-1", "rs-never"):
+        r = http.post("/seed_session", json={**seed, "resources_session_id": late})
+        assert r.status_code == 409 and "closed" in r.json()["detail"]
+    # a typed seed names its task through task_data (the row's instance_id)
+    r = http.post("/seed_session", json={**seed, "resources_session_id": "rs-2",
+                                         "task_data": {"instance_id": "no-such-task"}})
+    assert r.status_code == 404
+
+
+def test_cookie_of_another_token_is_404(calc_tasks_file, row):
+    app = create_app(tasks=calc_tasks_file, token=["a", "b"])
+    with serve(app) as u, httpx.Client(base_url=u, timeout=120) as c:
+        a, b = {"Authorization": "Bearer a"}, {"Authorization": "Bearer b"}
+        assert c.post("/seed_session", json=row).status_code == 401
+        rollout = seeded(c, row, headers=a)
+        cookie = {"Cookie": f"{COOKIE}={rollout.cookies[COOKIE]}"}
+        r = c.post("/bash", json={"command": "ls"}, headers={**b, **cookie})
+        assert r.status_code == 404 and "unknown session" in r.json()["detail"]
+        assert c.post("/verify", json=verify_body(row), headers={**b, **cookie}).status_code == 404
+        assert c.post("/bash", json={"command": "ls"}, headers=cookie).status_code == 401
+        c.post("/close_session", headers={**b, **cookie})  # another token's close closes nothing
+        assert rollout.post("/bash", {"command": "true"}).status_code == 200
+        # NeMo Gym sends no Authorization header; a token in its server URL arrives as Basic auth
+        with httpx.Client(base_url=u.replace("http://", "http://patchgym:a@"), timeout=120) as basic:
+            assert basic.post("/bash", json={"command": "true"}, headers=cookie).status_code == 200
+        with httpx.Client(base_url=u.replace("http://", "http://patchgym:wrong@"), timeout=120) as wrong:
+            assert wrong.post("/bash", json={"command": "true"}, headers=cookie).status_code == 401
+        assert rollout.post("/close_session").status_code == 200
+        assert len(app.state.manager) == 0
+
+
+def test_infrastructure_failure_is_masked(calc_tasks_file, row, monkeypatch):
+    import server.core
+    from gym_envs.envs.repo_env import RepoEnv
+    from sandboxes import SandboxError
+
+    class BrokenEnv(RepoEnv):
+        def step(self, action):
+            raise SandboxError("the sandbox vanished")
+
+    monkeypatch.setattr(server.core, "RepoEnv", BrokenEnv)
+    with serve(create_app(tasks=calc_tasks_file)) as u, httpx.Client(base_url=u, timeout=120) as c:
+        rollout = seeded(c, row)
+        r = rollout.post("/bash", {"command": "ls"})
+        assert r.status_code == 503 and "the sandbox vanished" in r.json()["detail"]
+        assert COOKIE in rollout.cookies  # kept, so verify can still name the session
+        r = rollout.post("/bash", {"command": "ls"})
+        assert r.status_code == 200 and r.json()["done"] and "the sandbox vanished" in r.json()["output"]
+        v = rollout.post("/verify", verify_body(row)).json()
+        assert v["reward"] == 0.0 and v["mask_sample"] is True and v["failure_kind"] == "provider_unavailable"
+        assert "the sandbox vanished" in v["failure_reason"]
+        # a failure during verify's own submit is masked too
+        rollout = seeded(c, row)
+        v = rollout.post("/verify", verify_body(row)).json()
+        assert v["mask_sample"] is True and v["failure_kind"] == "provider_unavailable"
+        assert c.get("/healthz").json()["sessions"] == 0
+
+
+def test_aggregate_metrics_leave_masked_samples_out(http):
+    responses = [{"instance_id": "a", "reward": 1.0, "resolved": True}, {"instance_id": "a", "reward": 0.0},
+                 {"instance_id": "b", "reward": 0.0, "mask_sample": True}]
+    m = http.post("/aggregate_metrics", json={"verify_responses": responses}).json()
+    assert m["agent_metrics"] == {"mean/reward": 0.5, "resolved_rate": 0.5, "num_samples": 3, "num_masked": 1}
+    assert m["key_metrics"] == {"mean/reward": 0.5}
+    assert m["group_level_metrics"] == [{"task": "a", "num_samples": 2, "mean/reward": 0.5, "resolved_rate": 0.5}]
+
+
+def test_dataset_rows_are_well_formed(calc_tasks_file, calc_task, tmp_path, http):
+    from typer.testing import CliRunner
+
+    from gym_envs.cli import app
+
+    out = tmp_path / "data" / "train.jsonl"
+    result = CliRunner().invoke(app, ["tasks", "nemo-gym-dataset", "--output", str(out), "--tasks",
+                                      str(calc_tasks_file), "--agent-name", "patchgym_agent"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["instance_id"] == TASK
+    assert row["agent_ref"] == {"type": "responses_api_agents", "name": "patchgym_agent"}
+    system, user = row["responses_create_params"]["input"]
+    assert system["role"] == "system" and user["role"] == "user"
+    assert calc_task.problem_statement in user["content"] and calc_task.test_spec.command in user["content"]
+    tools = row["responses_create_params"]["tools"]
+    assert [t["name"] for t in tools] == ["bash", "str_replace_editor", "submit"]
+    for tool in tools:
+        assert set(tool) == {"type", "name", "description", "parameters", "strict"}
+        assert tool["type"] == "function" and tool["strict"] is False and tool["description"]
+        assert tool["parameters"]["type"] == "object" and isinstance(tool["parameters"]["properties"], dict)
+    assert tools[0]["parameters"]["required"] == ["command"]
+    text = json.dumps(row)  # never the answers
+    assert "diff --git" not in text and not any(t in text for t in calc_task.FAIL_TO_PASS + calc_task.PASS_TO_PASS)
+    # every tool of a row has its route, and the route documents the same arguments
+    paths = http.get("/openapi.json").json()["paths"]
+    for tool in tools:
+        body = paths[f"/{tool['name']}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == tool["parameters"]
+    assert {"/seed_session", "/verify", "/close_session", "/aggregate_metrics"} <= set(paths)
+    assert paths["/verify"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/NemoGymVerifyResponse")
+
+
+def _nemo_steps(http: httpx.Client) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith('patchgym_steps_total{protocol="nemo_gym"}'):
+            return float(line.split()[-1])
+    return 0.0
