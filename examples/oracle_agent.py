@@ -1,12 +1,17 @@
 """Oracle agent: applies each task's gold patch through RepoEnv's tools, then submits.
 
     python examples/oracle_agent.py [--tasks PATH] [--instance-ids a,b] [--backend local]
+    python examples/oracle_agent.py --url http://127.0.0.1:8000 [--token T] [--tasks PATH]
 
-An example of driving ``patchgym/RepoEnv-v0`` in-process, and a check that the environment's tools
-can express every gold fix: for each file of the gold diff it reads the file (``bash cat``), turns
-each hunk into a ``str_replace_editor str_replace`` (old_str = context + removed lines, new_str =
-context + added lines, widened with the file's surrounding lines until old_str is unique — at
-worst the whole file), creates new files with ``create`` and removes deleted ones with ``rm``.
+An example of driving ``patchgym/RepoEnv-v0`` in-process, or with ``--url`` the same oracle through
+``patchgym/Remote-v0`` (a patchgym server, ``patchgym serve``): the task ids then come from the
+server (``GET /v1/tasks``), and the gold patches, which a server never shows, from the local
+catalog (``--tasks``, default the bundled one: pass the file the server serves). It is a check
+that the environment's tools can express every gold fix: for each file of the gold diff it reads
+the file (``bash cat``; in base64 chunks if the output limit cuts it), turns each hunk into a
+``str_replace_editor str_replace`` (old_str = context + removed lines, new_str = context + added
+lines, widened with the file's surrounding lines until old_str is unique — at worst the whole
+file), creates new files with ``create`` and removes deleted ones with ``rm``.
 Every step must succeed; then ``submit`` grades the workspace. The last line printed is
 ``resolved N/M``; the exit status is 0 only if every task resolved.
 """
@@ -14,6 +19,8 @@ Every step must succeed; then ``submit`` grades the workspace. The last line pri
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import re
 import shlex
 import sys
@@ -22,13 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gym_envs  # noqa: E402  (importing registers the environments)
+import server  # noqa: E402  (registers patchgym/Remote-v0)
 from gym_envs.patches import split_diff  # noqa: E402
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+BEGIN = "<<<ORACLE-BOF>>>"
 END = "<<<ORACLE-EOF>>>"
 
 
@@ -96,14 +106,40 @@ class Oracle:
         return obs
 
     def read(self, path: str) -> str:
-        """A file's exact content: its size, then the bytes, then a marker (bash adds an exit-code line)."""
+        """A file's exact content: its size, then the bytes, then a marker (bash adds an exit-code line).
+        If the environment's output limit cut it (a server's default is 16,000 characters), read it
+        again in chunks."""
         quoted = shlex.quote(path)
         obs = self.call("bash", command=f"wc -c < {quoted} && cat -- {quoted} && printf %s {shlex.quote(END)}")
         size, _, rest = obs.partition("\n")
         content = rest.rpartition(END)[0]
         if END not in rest or len(content.encode()) != int(size):
-            raise OracleError(f"could not read {path} whole ({size.strip()} bytes; output truncated?)")
+            return self.read_chunked(path, int(size))
         return content
+
+    def read_chunked(self, path: str, size: int, chunk: int = 8192) -> str:
+        """A file read as base64 chunks between markers, halving the chunk while the output is cut
+        (a cut leaves a note inside, or drops a marker: either fails the strict decode)."""
+        data = b""
+        while len(data) < size:
+            command = (f"printf %s {shlex.quote(BEGIN)} && tail -c +{len(data) + 1} -- {shlex.quote(path)} "
+                       f"| head -c {chunk} | base64 -w0 && printf %s {shlex.quote(END)}")
+            obs = self.call("bash", command=command)
+            encoded = obs.partition(BEGIN)[2].rpartition(END)[0]
+            try:
+                piece = base64.b64decode(encoded, validate=True) if BEGIN in obs and END in obs else None
+            except binascii.Error:
+                piece = None
+            if piece is None or len(piece) != min(chunk, size - len(data)):
+                if chunk <= 64:
+                    raise OracleError(f"could not read {path}: even {chunk}-byte chunks come back cut")
+                chunk //= 2
+                continue
+            data += piece
+        try:
+            return data.decode()
+        except UnicodeDecodeError as exc:
+            raise OracleError(f"{path} is not UTF-8 text: {exc}") from None
 
     def edit(self, path: str, hunks: list[Hunk]) -> None:
         content = self.read(path)
@@ -158,40 +194,71 @@ def run_task(env: gym.Env, instance_id: str, patch: str) -> tuple[bool, str]:
     return bool(info["resolved"]), f"reward {reward:g}, {oracle.steps + 1} steps"
 
 
+def remote_task_ids(url: str, token: str | None) -> list[str]:
+    """The ids of the tasks a server serves, in its order (``GET /v1/tasks``)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(f"{url.rstrip('/')}/v1/tasks", headers=headers, timeout=60)
+    if response.status_code != 200:
+        raise server.RemoteEnvError(response.status_code, response.text[:500])
+    return [task["instance_id"] for task in response.json()]
+
+
+def choose_tasks(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(instance id, gold patch) of each task to run: the local catalog's, or with ``--url`` the
+    server's ids with the local catalog's patches. Raises ValueError for an id nobody knows."""
+    task_set = gym_envs.load_task_set(args.tasks)
+    wanted = args.instance_ids.split(",") if args.instance_ids else None
+    if not args.url:
+        return [(t.instance_id, t.patch) for t in task_set.select(wanted)]
+    served = remote_task_ids(args.url, args.token)
+    unknown = [i for i in wanted or [] if i not in served]
+    if unknown:
+        raise ValueError(f"the server does not serve {', '.join(unknown)}")
+    ids = [i for i in served if wanted is None or i in wanted]
+    local = {t.instance_id: t for t in task_set}
+    missing = [i for i in ids if i not in local]
+    if missing:
+        raise ValueError(f"no gold patch for {', '.join(missing)} in the local catalog (pass --tasks with the "
+                         "task file the server serves)")
+    return [(i, local[i].patch) for i in ids]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", help="task file or directory (default: the bundled catalog)")
     parser.add_argument("--instance-ids", help="comma-separated instance ids (default: all)")
-    parser.add_argument("--backend", default="local")
-    parser.add_argument("--url", help="a remote environment server (reserved)")
+    parser.add_argument("--backend", default="local", help="sandbox backend (in-process only)")
+    parser.add_argument("--url", help="a patchgym server: run through patchgym/Remote-v0 instead of in-process")
+    parser.add_argument("--token", help="bearer token for --url")
     args = parser.parse_args()
-    if args.url:
-        print("remote environments are not available yet", file=sys.stderr)
-        return 2
     try:
-        task_set = gym_envs.load_task_set(args.tasks)
-        task_set = task_set.select(args.instance_ids.split(",") if args.instance_ids else None)
-    except (gym_envs.TaskFileError, gym_envs.UnknownTaskError) as exc:
+        tasks = choose_tasks(args)
+    except (gym_envs.TaskFileError, gym_envs.UnknownTaskError, ValueError, httpx.HTTPError,
+            server.RemoteEnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    env = gym.make("patchgym/RepoEnv-v0", tasks=task_set, backend=args.backend,
-                   max_steps=10_000, output_limit=1 << 20)  # room for every edit, whole files readable
+    # room for every edit; in-process, whole files readable (a server keeps its own output limit)
+    if args.url:
+        env = gym.make("patchgym/Remote-v0", url=args.url, token=args.token, max_steps=10_000)
+    else:
+        env = gym.make("patchgym/RepoEnv-v0", tasks=args.tasks, backend=args.backend,
+                       max_steps=10_000, output_limit=1 << 20)
     resolved = 0
     try:
-        for task in task_set:
+        for instance_id, patch in tasks:
             started = time.monotonic()
             try:
-                ok, detail = run_task(env, task.instance_id, task.patch)
+                ok, detail = run_task(env, instance_id, patch)
             except OracleError as exc:
                 ok, detail = False, f"FAILED: {exc}"
             resolved += ok
             verdict = "resolved" if ok else "NOT RESOLVED"
-            print(f"{task.instance_id}: {verdict} ({detail}; {time.monotonic() - started:.1f}s)", flush=True)
+            print(f"{instance_id}: {verdict} ({detail}; {time.monotonic() - started:.1f}s)", flush=True)
     finally:
         env.close()
-    print(f"resolved {resolved}/{len(task_set)}")
-    return 0 if resolved == len(task_set) else 1
+    print(f"resolved {resolved}/{len(tasks)}")
+    return 0 if resolved == len(tasks) else 1
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not silently ignored
+    # A misspelt field is a 422, not silently ignored; and so is a wrong type (strict: ``"seed": true``
+    # or ``1.0`` is not quietly read as 1, nor ``"3"`` as 3; a JSON integer still fills a float).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CreateSessionRequest(_Request):
