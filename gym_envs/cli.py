@@ -270,8 +270,10 @@ def serve(
     except ValueError as exc:
         fail(str(exc))
     # In-flight requests get a short grace on shutdown; then the lifespan closes every sandbox.
+    # Keep-alive well past clients' own idle expiry (httpx: 5 s, aiohttp: 15 s): when both sides
+    # expire an idle connection at the same moment, a request sent on it fails mid-flight.
     uvicorn.run(api, host=host, port=port, log_level=os.environ.get("PATCHGYM_LOG", "info").lower(),
-                timeout_graceful_shutdown=10)
+                timeout_graceful_shutdown=10, timeout_keep_alive=75)
 
 
 def main() -> None:

@@ -105,7 +105,9 @@ class EnvService:
         """A FastAPI dependency resolving to the caller's identity (see :meth:`authenticate`)."""
         bearer = HTTPBearer(auto_error=False, description="Required when the server was started with a token.")
 
-        def owner(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
+        # async: FastAPI runs a sync dependency in its shared thread pool, a thread hop per request
+        # that queues behind every other pooled call under load (seen as a seconds-long step p99).
+        async def owner(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
             return self.authenticate(creds.credentials if creds is not None else None)
 
         return owner

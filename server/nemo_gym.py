@@ -464,7 +464,7 @@ def _owner_dependency(service: EnvService) -> Any:
     bearer = HTTPBearer(auto_error=False, description="The server's token.")
     basic = HTTPBasic(auto_error=False, description="Any user name; the server's token as password.")
 
-    def owner(token: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    async def owner(token: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],  # async: no thread hop
               login: Annotated[HTTPBasicCredentials | None, Depends(basic)]) -> str | None:
         given = token.credentials if token is not None else (login.password if login is not None else None)
         return service.authenticate(given)
