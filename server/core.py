@@ -4,7 +4,6 @@ OpenEnv routes (:mod:`server.openenv`) are thin translations over one :class:`En
 limit, a deadline or a metric holds whichever protocol a client speaks.
 """
 
-
 import hashlib
 import logging
 import secrets
@@ -105,8 +104,8 @@ class EnvService:
         """A FastAPI dependency resolving to the caller's identity (see :meth:`authenticate`)."""
         bearer = HTTPBearer(auto_error=False, description="Required when the server was started with a token.")
 
-        # async: FastAPI runs a sync dependency in its shared thread pool, a thread hop per request
-        # that queues behind every other pooled call under load (seen as a seconds-long step p99).
+        # async: FastAPI runs a sync dependency in its shared 40-thread pool, a thread hop per
+        # request that queues behind every other pooled call under load.
         async def owner(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
             return self.authenticate(creds.credentials if creds is not None else None)
 
