@@ -15,9 +15,7 @@ policy could learn to hang whenever it is unsure and have the sample masked.
 from __future__ import annotations
 
 import logging
-import shlex
 import time
-import uuid
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -25,15 +23,15 @@ from pydantic import BaseModel, Field
 from sandboxes import Sandbox, SandboxError
 
 from .backends import SandboxFactory, make_sandbox
-from .grading import JunitError, grade, parse_junit
+from .grading import grade
 from .patches import filter_agent_patch, split_diff, touched_paths
 from .task import Task
+from .testrun import run_tests
 
 log = logging.getLogger(__name__)
 
 PATCH_FILE = ".patchgym-patch.diff"
 APPLY_MARK = "patchgym-applied-with:"
-LOG_LIMIT = 512 * 1024
 
 
 class InstanceReport(BaseModel):
@@ -133,29 +131,19 @@ class Verifier:
         self._run_tests(sandbox, task, report)
 
     def _run_tests(self, sandbox: Sandbox, task: Task, report: InstanceReport) -> None:
-        tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
-        junit = f".patchgym-junit-{uuid.uuid4().hex}.xml"
-        command = (f"{task.test_spec.command} -rA --junitxml={junit} -o junit_family=xunit1 "
-                   + " ".join(shlex.quote(t) for t in tests))
-        result = sandbox.exec(command, timeout=task.test_spec.timeout, output_limit=LOG_LIMIT)
-        report.test_output = f"$ {command}\n{result.output}"
-        report.test_exit_code = result.exit_code
-        report.test_timed_out = result.timed_out
-        try:
-            statuses = parse_junit(sandbox.read_file(junit))
-        except (OSError, JunitError) as exc:
-            statuses = {}
-            report.error = f"no test results: {exc}" + (" (the test run timed out)" if result.timed_out else "")
-        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, statuses)
+        run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS)
+        report.test_output = run.output
+        report.test_exit_code = run.exit_code
+        report.test_timed_out = run.timed_out
+        if run.error:
+            report.error = run.error
+        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses)
         report.tests_status = g.tests_status
         report.missing_tests = g.missing
-        failed_in_results = any(s.value in ("FAILED", "ERROR") for s in statuses.values())
-        # pytest exits 0 exactly when nothing failed: anything else means the results were tampered
-        # with or the run broke after writing them.
-        report.results_consistent = bool(statuses) and ((result.exit_code == 0) == (not failed_in_results))
-        report.resolved = g.resolved and report.results_consistent and not result.timed_out
+        report.results_consistent = run.consistent
+        report.resolved = g.resolved and report.results_consistent and not run.timed_out
         if g.resolved and not report.results_consistent:
-            report.error = f"test results contradict the runner's exit code {result.exit_code}"
+            report.error = f"test results contradict the runner's exit code {run.exit_code}"
 
 
 def apply_patch(sandbox: Sandbox, patch: str, *, fuzzy: bool = True) -> str | None:
