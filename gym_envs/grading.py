@@ -1,8 +1,10 @@
 """Per-test outcomes from pytest's junit XML, and SWE-bench's grading rules on top of them.
 
 Outcomes come from a structured file, never from grepping the log (printing ``PASSED`` fooled
-log parsers, SWE-bench #601). Rules, as in SWE-bench 5.x: PASSED and XFAIL pass; FAILED, ERROR and
-a missing test fail; a SKIPPED FAIL_TO_PASS test fails while a SKIPPED PASS_TO_PASS test is kept.
+log parsers, SWE-bench #601) — except for Django's and SymPy's runners, which write none: their
+verbose output is parsed in :mod:`.runners`, and a run is only trusted when its exit code agrees.
+Rules, as in SWE-bench 5.x: PASSED and XFAIL pass; FAILED, ERROR and a missing test fail; a SKIPPED
+FAIL_TO_PASS test fails while a SKIPPED PASS_TO_PASS test is kept.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from sandboxes import EnvironmentSpec
 
@@ -41,15 +41,33 @@ class EnvironmentConfig(BaseModel):
                                pre_install=tuple(self.pre_install), install=tuple(self.install))
 
 
+TestFormat = Literal["pytest", "django", "sympy"]
+# The command each runner's test ids are appended to when a row names the format but no command
+# (the ones SWE-bench runs for django/django and sympy/sympy).
+DEFAULT_TEST_COMMANDS: dict[str, str] = {
+    "pytest": DEFAULT_TEST_COMMAND,
+    "django": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
+    "sympy": "bin/test -C --verbose",
+}
+
+
 class TestSpec(BaseModel):
-    """The command that runs tests (test ids are appended) and the format its results come in."""
+    """The command that runs tests (test ids are appended) and the runner it is, which says how
+    test ids become arguments and how results are read (see :mod:`gym_envs.runners`)."""
 
     model_config = ConfigDict(extra="forbid")
     __test__ = False  # not a pytest test class
 
     command: str = DEFAULT_TEST_COMMAND
-    format: Literal["pytest"] = "pytest"
+    format: TestFormat = "pytest"
     timeout: float = Field(900.0, gt=0, description="seconds the test run may take")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _format_default_command(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "command" not in data and data.get("format") in DEFAULT_TEST_COMMANDS:
+            data = {**data, "command": DEFAULT_TEST_COMMANDS[data["format"]]}
+        return data
 
 
 class Task(BaseModel):
@@ -74,6 +92,17 @@ class Task(BaseModel):
     repo_path: str | None = Field(None, description="git path/URL of the repository; relative to the task file")
 
     _source_file: Path | None = PrivateAttr(None)
+    # The row as it was read (key order, test lists as JSON strings or lists, numbers kept as
+    # numbers), so an export can give back what was imported (see :mod:`gym_envs.swebench_io`).
+    _raw_row: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_row(cls, data: Any, handler: Any) -> Any:
+        task = handler(data)
+        if isinstance(data, dict) and task is not data:
+            task._raw_row = dict(data)
+        return task
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -93,7 +122,7 @@ class Task(BaseModel):
             raise ValueError("a task needs at least one FAIL_TO_PASS test")
         return value
 
-    @field_validator("version", "created_at", mode="before")
+    @field_validator("version", "created_at", "hints_text", mode="before")
     @classmethod
     def _stringify(cls, value: Any) -> Any:
         return "" if value is None else str(value) if isinstance(value, (int, float)) else value
@@ -101,6 +130,11 @@ class Task(BaseModel):
     @property
     def source_file(self) -> Path | None:
         return self._source_file
+
+    @property
+    def raw_row(self) -> dict[str, Any]:
+        """The row this task was validated from (empty when it was built otherwise)."""
+        return self._raw_row
 
     @property
     def repo_name(self) -> str:

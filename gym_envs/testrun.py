@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from sandboxes import Sandbox, SandboxError
 
+from . import runners
 from .backends import SandboxFactory, make_sandbox
 from .grading import JunitError, TestStatus, parse_junit
 from .task import EnvironmentConfig, Task, TestSpec
@@ -47,14 +48,21 @@ class TestRun:
 
     @property
     def consistent(self) -> bool:
-        """pytest exits 0 exactly when nothing failed; results that say otherwise were tampered
-        with, or the run broke after writing them."""
+        """pytest (like runtests.py and bin/test) exits 0 exactly when nothing failed; results that
+        say otherwise were tampered with, or the run broke after writing them."""
         return bool(self.statuses) and ((self.exit_code == 0) == (not self.failed))
 
 
-def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = ()) -> TestRun:
-    """Run ``tests`` (node ids or paths; the whole suite when empty) with ``spec``'s command,
-    results written as junit XML to a path nothing in the sandbox can predict."""
+def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
+              files: Sequence[str] = ()) -> TestRun:
+    """Run ``tests`` (node ids or paths; the whole suite when empty) with ``spec``'s command.
+
+    pytest writes its results as junit XML to a path nothing in the sandbox can predict. Django's
+    and SymPy's runners are read from their verbose output (see :mod:`.runners`); ``files`` (the
+    files the task's test patch touches) are what they run when test ids do not name files.
+    """
+    if spec.format != "pytest":
+        return _run_logged(sandbox, spec, tests, files)
     junit = f".patchgym-junit-{uuid.uuid4().hex}.xml"
     command = (f"{spec.command} -rA --junitxml={junit} -o junit_family=xunit1 "
                + " ".join(shlex.quote(t) for t in dict.fromkeys(tests))).rstrip()
@@ -65,6 +73,26 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = ()) -> Te
         run.statuses = parse_junit(sandbox.read_file(junit))
     except (OSError, JunitError) as exc:
         run.error = f"no test results: {exc}" + (" (the test run timed out)" if result.timed_out else "")
+    return run
+
+
+def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: Sequence[str]) -> TestRun:
+    """A runner without structured results: its whole output is kept in a file (the output
+    returned by ``exec`` is capped, and the middle of a long log would lose tests) and parsed."""
+    command = runners.build_command(spec.format, spec.command, tests, files)
+    log_file = f".patchgym-log-{uuid.uuid4().hex}.txt"
+    script = f'{{ {command}\n}} 2>&1 | tee {log_file}; exit "${{PIPESTATUS[0]}}"'
+    result = sandbox.exec(script, timeout=spec.timeout, output_limit=LOG_LIMIT)
+    run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
+                  exit_code=result.exit_code, timed_out=result.timed_out)
+    try:
+        text = sandbox.read_file(log_file).decode("utf-8", errors="replace")
+    except OSError:
+        text = result.output
+    run.statuses = runners.parse_log(spec.format, text)
+    if not run.statuses:
+        run.error = (f"no test results in the {spec.format} runner's output"
+                     + (" (the test run timed out)" if result.timed_out else ""))
     return run
 
 
@@ -81,9 +109,10 @@ def probe_task(*, repo: str, base_commit: str, repo_path: str | None = None,
 
 
 def probe(task: Task, patches: Sequence[str] = (), tests: Sequence[str] = (),
-          factory: SandboxFactory | None = None) -> TestRun:
+          factory: SandboxFactory | None = None, *, files: Sequence[str] = ()) -> TestRun:
     """Run ``tests`` at ``task.base_commit`` with ``patches`` applied in order (strictly: a patch
-    that does not apply leaves ``applied`` False and runs nothing), in a fresh sandbox."""
+    that does not apply leaves ``applied`` False and runs nothing), in a fresh sandbox. ``files``
+    are passed on to :func:`run_tests` (Django and SymPy runners)."""
     from .verifier import apply_patch  # the verifier builds on this module
 
     sandbox = (factory or make_sandbox)(task)
@@ -94,7 +123,7 @@ def probe(task: Task, patches: Sequence[str] = (), tests: Sequence[str] = (),
             applied.append(ok)
             if not ok:
                 return TestRun({}, "", "", None, False, error="a patch does not apply", applied=applied)
-        run = run_tests(sandbox, task.test_spec, tests)
+        run = run_tests(sandbox, task.test_spec, tests, files=files)
         run.applied = applied
         return run
     finally:

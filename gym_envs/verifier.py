@@ -4,7 +4,8 @@
 2. The agent's diff, minus every change to tests, test configuration and files the test patch
    touches, applied with ``git apply`` (falling back to ``patch --fuzz``).
 3. The test patch applied; exactly FAIL_TO_PASS + PASS_TO_PASS run, outcomes read from junit XML
-   written to a path the agent cannot predict, and cross-checked with the runner's exit code.
+   written to a path the agent cannot predict (Django's and SymPy's runners: from their verbose
+   output, see :mod:`.runners`), and cross-checked with the runner's exit code.
 4. A report in SWE-bench's fields, with infrastructure failures (environment build, sandbox crash)
    kept apart from the agent's, so a trainer can mask them instead of scoring them 0.
 
@@ -25,6 +26,7 @@ from sandboxes import Sandbox, SandboxError
 from .backends import SandboxFactory, make_sandbox
 from .grading import grade
 from .patches import filter_agent_patch, split_diff, touched_paths
+from .runners import changed_test_files
 from .task import Task
 from .testrun import run_tests
 
@@ -126,12 +128,14 @@ class Verifier:
                     return
                 report.apply_method = method
         report.patch_successfully_applied = True
-        if apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
+        # An empty test patch (synthesized tasks: the hidden tests are the existing ones) applies nothing.
+        if task.test_patch.strip() and apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
             raise SandboxError("the task's test patch does not apply (the task is broken)")
         self._run_tests(sandbox, task, report)
 
     def _run_tests(self, sandbox: Sandbox, task: Task, report: InstanceReport) -> None:
-        run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS)
+        files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
+        run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files)
         report.test_output = run.output
         report.test_exit_code = run.exit_code
         report.test_timed_out = run.timed_out

@@ -1,0 +1,274 @@
+"""Test runners other than pytest: Django's ``tests/runtests.py`` and SymPy's ``bin/test``.
+
+A runner says two things: how a task's test ids become command-line arguments, and how each
+test's outcome is read back. pytest writes junit XML (:mod:`.grading`); these two runners write no
+structured results, so their outcomes are read from their verbose output, the way SWE-bench's log
+parsers read them. Code under test can print lines that look like results, so the verifier only
+trusts a run whose exit code agrees with what was read (:attr:`.testrun.TestRun.consistent`).
+
+Test ids are SWE-bench's:
+
+* django: ``test_name (module.ClassName)`` (``test_name (module.ClassName.test_name)`` when the
+  tests ran under Python >= 3.11), or a docstring's first line for a test that has one. The first
+  two become labels ``module.ClassName.test_name``; docstring ids cannot, so when a task has any,
+  the modules its test patch touches are run instead (as SWE-bench runs every task).
+* sympy: bare function names (``test_issue_12345``). ``bin/test`` takes files, not names, so the
+  files the test patch touches are run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+
+from .grading import TestStatus
+from .patches import split_diff
+
+# Files of a test patch that are not tests to run (SWE-bench's NON_TEST_EXTS).
+NON_TEST_EXTS = (".json", ".png", ".csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
+FAILING = (TestStatus.FAILED, TestStatus.ERROR)
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_DJANGO_ID = re.compile(r"^(?P<name>\w+) \((?P<where>\w+(?:\.\w+)*)\)$")
+_DJANGO_ID_PREFIX = re.compile(r"^(?P<id>\w+ \(\w+(?:\.\w+)*\))(?: .*)?$")
+_DJANGO_STATUS = re.compile(
+    r"^(?P<name>.*?) \.\.\.\s+(?P<status>ok|OK|FAIL|ERROR|skipped\b.*|expected failure|unexpected success)$")
+_DJANGO_PENDING = re.compile(r"^(?P<name>.*?) \.\.\.(?: .*)?$")
+_DJANGO_BARE = re.compile(r"^(?P<status>ok|OK|FAIL|ERROR|skipped\b.*|expected failure|unexpected success)$")
+_DJANGO_SUMMARY = re.compile(r"^(?P<status>FAIL|ERROR): (?P<id>\w+ \(\w+(?:\.\w+)*\))")
+_SYMPY_FILE = re.compile(r"^(?P<path>\S+\.py)\[(?P<count>\d+|\?)\]\s*(?P<rest>.*)$")
+_SYMPY_TEST = re.compile(r"^(?P<name>test_\w+)(?:\s+(?P<rest>.*))?$")
+_SYMPY_HEADER = re.compile(r"^_+ (?P<path>\S+\.py)::?(?P<name>test_\w+) _+$")
+_SYMPY_FILE_MARK = re.compile(r"\s*\[(?:OK|FAIL)\]$")
+
+
+def _status_word(word: str) -> TestStatus | None:
+    if word in ("ok", "OK"):
+        return TestStatus.PASSED
+    if word == "FAIL" or word == "unexpected success":
+        return TestStatus.FAILED
+    if word == "ERROR":
+        return TestStatus.ERROR
+    if word == "expected failure":
+        return TestStatus.XFAIL
+    if word.startswith("skipped"):
+        return TestStatus.SKIPPED
+    return None
+
+
+_SYMPY_CHARS = {
+    "ok": TestStatus.PASSED, "F": TestStatus.FAILED, "E": TestStatus.ERROR, "f": TestStatus.XFAIL,
+    "X": TestStatus.PASSED,  # an @XFAIL test that passed: sympy does not fail the run for it
+    "s": TestStatus.SKIPPED, "w": TestStatus.SKIPPED, "T": TestStatus.SKIPPED, "K": TestStatus.SKIPPED,
+}
+
+
+def _record(statuses: dict[str, TestStatus], key: str, status: TestStatus) -> None:
+    """A failure is never overwritten by a later pass (a line printed by the code under test, or a
+    subtest's failure reported after its test's line)."""
+    if statuses.get(key) in FAILING and status not in FAILING:
+        return
+    statuses[key] = status
+
+
+def changed_test_files(test_patch: str) -> list[str]:
+    """The files a test patch adds or changes, less data files (SWE-bench's test directives)."""
+    paths = [s.new_path for s in split_diff(test_patch) if s.new_path]
+    return list(dict.fromkeys(p for p in paths if not p.endswith(NON_TEST_EXTS)))
+
+
+# --- django ---------------------------------------------------------------------------------------
+
+def django_label(test_id: str) -> str | None:
+    """``test_x (pkg.tests.C)`` or ``test_x (pkg.tests.C.test_x)`` → ``pkg.tests.C.test_x``;
+    None for an id that names no test method (a docstring line)."""
+    m = _DJANGO_ID.match(test_id.strip())
+    if not m:
+        return None
+    name, where = m["name"], m["where"]
+    return where if where.endswith(f".{name}") else f"{where}.{name}"
+
+
+def django_module_label(path: str) -> str | None:
+    """``tests/pkg/tests.py`` → ``pkg.tests`` (the label runtests.py takes for a test module)."""
+    if not path.endswith(".py"):
+        return None
+    module = path[:-3]
+    module = module[len("tests/"):] if module.startswith("tests/") else module
+    parts = [p for p in module.split("/") if p]
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def django_labels(tests: Sequence[str], files: Sequence[str] = ()) -> list[str]:
+    """The labels to run ``tests``: one per test, or, when some id is a docstring line, the test
+    patch's modules plus the tests outside them."""
+    labels = [django_label(t) for t in tests]
+    known = [x for x in labels if x]
+    if len(known) == len(labels) and known:
+        return list(dict.fromkeys(known))
+    modules = [m for m in (django_module_label(f) for f in files) if m]
+    outside = [x for x in known if not any(x == m or x.startswith(m + ".") for m in modules)]
+    return list(dict.fromkeys([*modules, *outside]))
+
+
+def _django_aliases(test_id: str) -> list[str]:
+    """The same test in the other Python's wording (``(m.C)`` before 3.11, ``(m.C.name)`` after)."""
+    m = _DJANGO_ID.match(test_id)
+    if not m:
+        return []
+    name, where = m["name"], m["where"]
+    if where.endswith(f".{name}"):
+        return [f"{name} ({where[: -len(name) - 1]})"]
+    return [f"{name} ({where}.{name})"]
+
+
+def _django_keys(name: str) -> list[str]:
+    name = name.strip()
+    if "..." in name:  # another line's output ran into this one ("Applying x...test_y (m.C)")
+        tail = name.rsplit("...", 1)[1].strip()
+        if _DJANGO_ID_PREFIX.match(tail):
+            name = tail
+    m = _DJANGO_ID_PREFIX.match(name)
+    if m:  # "test_x (m.C) (i=2)": a subtest's line counts for its test
+        name = m["id"]
+    return [name, *_django_aliases(name)]
+
+
+def parse_django_log(text: str) -> dict[str, TestStatus]:
+    """Each test's status from ``runtests.py --verbosity 2`` output (unittest's verbose lines
+    ``test_x (m.C) ... ok``, a docstring's first line on the line after the id, output of the test
+    between the id and its status, and the ``FAIL:``/``ERROR:`` summary)."""
+    statuses: dict[str, TestStatus] = {}
+    previous = ""  # the line before: an id whose docstring line carries the status
+    pending: list[str] = []  # keys of a test whose status was pushed to a later line by its output
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw).strip()
+        if not line:
+            continue
+        summary = _DJANGO_SUMMARY.match(line)
+        if summary:
+            status = TestStatus.FAILED if summary["status"] == "FAIL" else TestStatus.ERROR
+            for key in _django_keys(summary["id"]):
+                _record(statuses, key, status)
+            pending, previous = [], line
+            continue
+        m = _DJANGO_STATUS.match(line)
+        bare = _DJANGO_BARE.match(line)
+        if m:
+            keys = _django_keys(m["name"])
+            if not _DJANGO_ID_PREFIX.match(keys[0]) and _DJANGO_ID.match(previous):
+                keys += _django_keys(previous)  # "Docstring line ... ok" after "test_x (m.C)"
+            status = _status_word(m["status"])
+            pending = []
+        elif bare and pending:
+            keys, status = pending, _status_word(bare["status"])
+            pending = []
+        else:
+            p = _DJANGO_PENDING.match(line)
+            if p and p["name"]:
+                pending = _django_keys(p["name"])
+                if not _DJANGO_ID_PREFIX.match(pending[0]) and _DJANGO_ID.match(previous):
+                    pending += _django_keys(previous)
+            elif line.startswith("=" * 10) or line.startswith("-" * 10):
+                pending = []
+            previous = line
+            continue
+        if status is not None:
+            for key in keys:
+                _record(statuses, key, status)
+        previous = line
+    return statuses
+
+
+# --- sympy ----------------------------------------------------------------------------------------
+
+def parse_sympy_log(text: str) -> dict[str, TestStatus]:
+    """Each test's status from ``bin/test --verbose`` output: ``test_x ok`` (or ``F``, ``E``, ``f``,
+    ``X``, a skip message then ``s``/``w``), a file's ``[OK]``/``[FAIL]`` mark after its last test,
+    output of the test between its name and its status, the traceback headers
+    ``___ path.py:test_x ___``, and a file that failed to import (keyed by its path)."""
+    statuses: dict[str, TestStatus] = {}
+    pending: str | None = None
+    for raw in text.splitlines():
+        line = _SYMPY_FILE_MARK.sub("", _ANSI.sub("", raw).rstrip()).strip()
+        if not line:
+            continue
+        header = _SYMPY_HEADER.match(line)
+        if header:
+            if statuses.get(header["name"]) not in FAILING:
+                _record(statuses, header["name"], TestStatus.FAILED)
+            pending = None
+            continue
+        f = _SYMPY_FILE.match(line)
+        if f:
+            if f["count"] == "?" or "failed to import" in f["rest"].lower():
+                _record(statuses, f["path"], TestStatus.ERROR)
+            pending = None
+            continue
+        t = _SYMPY_TEST.match(line)
+        if t:
+            words = (t["rest"] or "").split()
+            status = _SYMPY_CHARS.get(words[-1]) if words else None
+            if status is None:
+                pending = t["name"]
+            else:
+                _record(statuses, t["name"], status)
+                pending = None
+            continue
+        if pending is not None:
+            words = line.split()
+            status = _SYMPY_CHARS.get(words[-1]) if words else None
+            if status is not None:
+                _record(statuses, pending, status)
+                pending = None
+    return statuses
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+def _has_option(command: str, *names: str) -> bool:
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        tokens = command.split()
+    return any(tok == n or tok.startswith(n + "=") for tok in tokens for n in names)
+
+
+def _quoted(args: Iterable[str]) -> str:
+    return " ".join(shlex.quote(a) for a in dict.fromkeys(args))
+
+
+def django_command(command: str, tests: Sequence[str], files: Sequence[str] = ()) -> str:
+    """``command`` (``--verbosity 2`` added when it sets none) followed by the labels to run."""
+    if not _has_option(command, "--verbosity", "-v"):
+        command += " --verbosity 2"
+    labels = django_labels(tests, files) if tests else [m for m in map(django_module_label, files) if m]
+    return f"{command} {_quoted(labels)}".rstrip()
+
+
+def sympy_command(command: str, tests: Sequence[str], files: Sequence[str] = ()) -> str:
+    """``command`` (``--verbose`` added when missing) followed by the test files: ``files``, or
+    the ids that are paths; none (the whole suite) when neither names a file."""
+    if not _has_option(command, "--verbose", "-v"):
+        command += " --verbose"
+    paths = [f for f in files if f.endswith(".py")] or [t for t in tests if t.endswith(".py") or "/" in t]
+    return f"{command} {_quoted(paths)}".rstrip()
+
+
+def parse_log(fmt: str, text: str) -> dict[str, TestStatus]:
+    if fmt == "django":
+        return parse_django_log(text)
+    if fmt == "sympy":
+        return parse_sympy_log(text)
+    raise ValueError(f"no log parser for test format {fmt!r}")
+
+
+def build_command(fmt: str, command: str, tests: Sequence[str], files: Sequence[str] = ()) -> str:
+    if fmt == "django":
+        return django_command(command, tests, files)
+    if fmt == "sympy":
+        return sympy_command(command, tests, files)
+    raise ValueError(f"no command builder for test format {fmt!r}")

@@ -1,0 +1,456 @@
+"""SWE-bench rows in and out: import a SWE-bench JSON/JSONL file as patchgym tasks, export tasks as
+SWE-bench rows.
+
+Import finds each row's repository in a directory of local clones, mirrors or bundles, and derives
+what SWE-bench keeps outside the row — the environment and the test command — from, in order: the
+row's own patchgym ``environment``/``test_spec``; its ``install_config`` (SWE-rebench's field); the
+``--specs`` file (``{"owner/name": {"<version>": {...}}}``, SWE-bench's MAP_REPO_VERSION_TO_SPECS;
+a ``"*"`` version applies to every version); defaults, with a warning.
+
+Round trip: a task keeps the row it was read from (:attr:`Task.raw_row`), and rows are written
+from it — its key order, its fields unknown to patchgym verbatim, ``FAIL_TO_PASS``/``PASS_TO_PASS``
+and ``version``/``created_at``/``hints_text`` in the encoding they came in as long as their value
+is unchanged. An imported file holds the original row plus patchgym's three fields (``environment``,
+``test_spec``, ``repo_path``, appended); ``export --swebench-only`` drops those three again, so
+import then export gives back the input. A source row's own field of one of those names that is
+not patchgym's (SWE-rebench's ``environment`` is a conda listing) is kept as ``original_<name>``
+in its place and restored by ``--swebench-only``.
+
+``repo_path`` is written relative to the task file when the repository lies under the task file's
+directory (the two move together), absolute otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from .catalog import repo_source
+from .task import (
+    DEFAULT_TEST_COMMANDS,
+    EnvironmentConfig,
+    Task,
+    TaskFileError,
+    TestFormat,
+    TestSpec,
+    _format_error,
+    read_rows,
+)
+
+log = logging.getLogger(__name__)
+
+# SWE-bench's fields, in the order of the published datasets.
+SWEBENCH_FIELDS = ("repo", "instance_id", "base_commit", "patch", "test_patch", "problem_statement", "hints_text",
+                   "created_at", "version", "FAIL_TO_PASS", "PASS_TO_PASS", "environment_setup_commit")
+PATCHGYM_FIELDS = ("environment", "test_spec", "repo_path")
+SHADOW_PREFIX = "original_"
+TEST_LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
+STRINGIFIED_FIELDS = ("version", "created_at", "hints_text")
+DEFAULT_INSTALL = "python -m pip install -e ."
+# Where SWE-bench looks for a repository's requirements when a spec says "requirements.txt" and
+# names no reqs_path (the first that exists is installed).
+REQS_CANDIDATES = ("requirements.txt", "requirements-dev.txt", "requirements/dev.txt", "requirements/test.txt",
+                   "requirements/testing.txt", "test-requirements.txt", "requirements_test.txt")
+
+TestsEncoding = Literal["json", "list", "source"]
+RowFormat = Literal["jsonl", "json"]
+
+
+class RepoNotFoundError(LookupError):
+    """No clone, mirror or bundle of a repository in the repositories directory."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "repository not found"
+
+
+@dataclass
+class DroppedRow:
+    where: str
+    instance_id: str | None
+    reason: str
+
+
+@dataclass
+class ImportResult:
+    """What an import made: the tasks, the rows it could not use and why, and what it had to guess."""
+
+    tasks: list[Task] = field(default_factory=list)
+    dropped: list[DroppedRow] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # instance_id → where its environment came from: row, install_config, specs or defaults
+    environment_source: dict[str, str] = field(default_factory=dict)
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+
+# --- repositories ---------------------------------------------------------------------------------
+
+def repo_candidates(repos_dir: Path, repo: str) -> list[Path]:
+    """Where ``owner/name`` may be in ``repos_dir``, in the order tried."""
+    owner, _, name = repo.rpartition("/")
+    stems = [repo.replace("/", "__"), name, *([repo] if owner else [])]
+    return list(dict.fromkeys(repos_dir / f"{stem}{suffix}" for stem in stems for suffix in ("", ".git", ".bundle")))
+
+
+def _is_git_source(path: Path) -> bool:
+    if path.is_file():
+        return True  # a bundle
+    return path.is_dir() and ((path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir()))
+
+
+def find_repo(repos_dir: Path, repo: str) -> Path:
+    """The clone, bare mirror or bundle of ``repo`` in ``repos_dir``."""
+    tried = repo_candidates(repos_dir, repo)
+    for path in tried:
+        if _is_git_source(path):
+            return path.resolve()
+    not_git = [str(p) for p in tried if p.exists()]
+    extra = f" ({', '.join(not_git)} exist but are not git repositories)" if not_git else ""
+    raise RepoNotFoundError(f"cannot find repository {repo!r} in {repos_dir}; tried "
+                            f"{', '.join(p.name for p in tried)}{extra}")
+
+
+def portable_path(path: Path, base_dir: Path) -> str:
+    """``path`` relative to ``base_dir`` when it lies under it, else absolute."""
+    path, base_dir = path.resolve(), base_dir.resolve()
+    try:
+        return path.relative_to(base_dir).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def missing_commits(tasks: Iterable[Task]) -> dict[str, str]:
+    """instance_id → why its ``base_commit`` is not in its repository (checked in clones and
+    mirrors with one ``git cat-file`` per repository; bundles are not checked)."""
+    by_repo: dict[str, list[Task]] = {}
+    for task in tasks:
+        try:
+            source = repo_source(task)
+        except TaskFileError as exc:
+            by_repo.setdefault("", []).append(task)
+            log.debug("%s", exc)
+            continue
+        if "://" not in source and Path(source).is_dir():
+            by_repo.setdefault(source, []).append(task)
+    problems: dict[str, str] = {}
+    for source, group in by_repo.items():
+        if not source:
+            problems.update({t.instance_id: "repository not found" for t in group})
+            continue
+        query = "".join(f"{t.base_commit}^{{commit}}\n" for t in group)
+        proc = subprocess.run(["git", "cat-file", "--batch-check"], cwd=source, input=query, capture_output=True,
+                              text=True, timeout=600)
+        lines = proc.stdout.splitlines() if proc.returncode == 0 else []
+        for n, task in enumerate(group):
+            if n >= len(lines) or lines[n].endswith(" missing"):
+                problems[task.instance_id] = f"base_commit {task.base_commit} is not in {source}"
+    return problems
+
+
+# --- environments ---------------------------------------------------------------------------------
+
+def load_specs(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """A specs file: ``{"owner/name": {"<version>": {install_config}}}`` as JSON (or YAML when
+    PyYAML is installed)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TaskFileError(f"{path}: cannot read specs file: {exc.strerror or exc}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise TaskFileError(f"{path}: YAML specs need PyYAML (pip install pyyaml), or write JSON") from None
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise TaskFileError(f"{path}: invalid specs file: {exc}") from None
+    if not isinstance(data, dict):
+        raise TaskFileError(f"{path}: expected an object of repositories, each an object of versions")
+    for repo, versions in data.items():
+        if not isinstance(versions, dict) or not all(isinstance(v, dict) for v in versions.values()):
+            raise TaskFileError(f"{path}: {repo!r}: expected an object of versions, each an install config object")
+    return {repo: {str(v): cfg for v, cfg in versions.items()} for repo, versions in data.items()}
+
+
+def lookup_spec(specs: Mapping[str, Mapping[str, dict[str, Any]]] | None, repo: str, version: Any) -> dict | None:
+    if not specs or repo not in specs:
+        return None
+    versions = specs[repo]
+    key = "" if version is None else str(version)
+    return versions.get(key) or versions.get("*")
+
+
+def _as_list(value: Any, *, split: bool = False) -> list[str]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return value.split() if split else [value]
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value if v is not None and str(v).strip()]
+    return [str(value)]
+
+
+def detect_format(config: Mapping[str, Any], command: str, repo: str) -> TestFormat:
+    """The runner: from the config's ``log_parser``, else the command, else the repository."""
+    parser = str(config.get("log_parser") or "").lower()
+    for fmt in ("django", "sympy", "pytest"):
+        if fmt in parser:
+            return fmt
+    if "runtests.py" in command:
+        return "django"
+    if "bin/test" in command:
+        return "sympy"
+    return {"django/django": "django", "sympy/sympy": "sympy"}.get(repo, "pytest")
+
+
+def environment_from_config(config: Mapping[str, Any], repo: str) -> tuple[EnvironmentConfig, TestSpec, list[str]]:
+    """An ``install_config`` (SWE-rebench) or a SWE-bench spec as patchgym's environment and test
+    spec, with warnings for what could not be carried over."""
+    warnings: list[str] = []
+    packages: list[str] = []
+    install: list[str] = []
+    declared = config.get("packages")
+    if isinstance(declared, str) and declared.strip() == "requirements.txt":
+        reqs = _as_list(config.get("reqs_path"))
+        install += [f"python -m pip install -r {shlex.quote(r)}" for r in reqs] or [
+            f"for f in {' '.join(REQS_CANDIDATES)}; do if [ -f \"$f\" ]; then exec python -m pip install -r \"$f\"; "
+            f"fi; done; echo 'no requirements file: tried {', '.join(REQS_CANDIDATES)}' >&2; exit 1"]
+    elif isinstance(declared, str) and declared.strip() in ("environment.yml", "environment.yaml"):
+        warnings.append("packages from environment.yml (conda) are not installed; list them in pip_packages")
+    else:
+        packages += _as_list(declared, split=True)
+    packages += _as_list(config.get("pip_packages"), split=True)
+    pre_install = _as_list(config.get("pre_install"))
+    install += _as_list(config.get("install"))
+    python = str(config.get("python") or EnvironmentConfig().python)
+    environment = EnvironmentConfig(python=python, packages=list(dict.fromkeys(packages)), pre_install=pre_install,
+                                    install=install)
+
+    commands = _as_list(config.get("test_cmd"))
+    command = " && ".join(commands)
+    fmt = detect_format(config, command, repo)
+    command = command or DEFAULT_TEST_COMMANDS[fmt]
+    env_vars = {str(k): str(v) for k, v in (config.get("env_vars_test") or {}).items()}
+    for step in _as_list(config.get("eval_commands")):
+        words = shlex.split(step) if step.strip().startswith("export ") else []
+        if len(words) >= 2 and all("=" in w for w in words[1:]):
+            env_vars.update(w.split("=", 1) for w in words[1:])
+        else:
+            warnings.append(f"eval_commands step not run before the tests: {step!r}")
+    if env_vars:
+        command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items()) + " " + command
+    spec: dict[str, Any] = {"command": command, "format": fmt}
+    timeout = config.get("timeout")
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+        spec["timeout"] = float(timeout)
+    return environment, TestSpec(**spec), warnings
+
+
+def default_environment(repo: str) -> tuple[EnvironmentConfig, TestSpec]:
+    fmt = detect_format({}, "", repo)
+    packages = ["pytest"] if fmt == "pytest" else []
+    return EnvironmentConfig(packages=packages, install=[DEFAULT_INSTALL]), TestSpec(format=fmt)
+
+
+def _patchgym_value(key: str, value: Any) -> bool:
+    """Whether a source row's ``environment``/``test_spec`` is patchgym's own (kept as it is)."""
+    model = {"environment": EnvironmentConfig, "test_spec": TestSpec}.get(key)
+    if model is None or not isinstance(value, dict):
+        return False
+    try:
+        model.model_validate(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def _install_config(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    config = row.get("install_config")
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError:
+            return None
+    return config if isinstance(config, dict) and config else None
+
+
+# --- import ---------------------------------------------------------------------------------------
+
+def import_rows(rows: Iterable[tuple[str, Any]], *, repos_dir: Path, output: Path,
+                specs: Mapping[str, Mapping[str, dict[str, Any]]] | None = None, origin: str = "") -> ImportResult:
+    """Make tasks of SWE-bench rows (``(where, row)`` pairs) to be written to ``output``."""
+    result = ImportResult()
+    seen: dict[str, str] = {}
+    output_dir = output.resolve().parent
+    label = Path(origin) if origin else Path("<rows>")
+    for where, row in rows:
+        if not isinstance(row, dict):
+            result.dropped.append(DroppedRow(where, None, f"expected a JSON object, got {type(row).__name__}"))
+            continue
+        instance_id = row.get("instance_id") if isinstance(row.get("instance_id"), str) else None
+        repo = row.get("repo")
+        if not isinstance(repo, str) or not repo:
+            result.dropped.append(DroppedRow(where, instance_id, "field 'repo': missing"))
+            continue
+        if instance_id in seen:
+            reason = f"duplicate instance_id (first at {seen[instance_id]})"
+            result.dropped.append(DroppedRow(where, instance_id, reason))
+            continue
+        try:
+            repo_dir = find_repo(repos_dir, repo)
+        except RepoNotFoundError as exc:
+            result.dropped.append(DroppedRow(where, instance_id, str(exc)))
+            continue
+
+        augmented: dict[str, Any] = {}
+        for key, value in row.items():
+            if key == "repo_path":
+                continue  # relative to the source file; replaced by the repository found in repos_dir
+            if key in PATCHGYM_FIELDS and not _patchgym_value(key, value):
+                augmented[SHADOW_PREFIX + key] = value
+            else:
+                augmented[key] = value
+        missing = [k for k in ("environment", "test_spec") if k not in augmented]
+        if missing:
+            environment, test_spec, source = _environment_for(row, repo, specs, result)
+            if "environment" in missing:
+                augmented["environment"] = environment.model_dump()
+            if "test_spec" in missing:
+                augmented["test_spec"] = test_spec.model_dump()
+        else:
+            source = "row"
+        augmented["repo_path"] = portable_path(repo_dir, output_dir)
+        try:
+            task = Task.model_validate(augmented)
+        except ValidationError as exc:
+            reason = _format_error(label, where, exc).replace(f"{label}:{where}: ", "")
+            result.dropped.append(DroppedRow(where, instance_id, reason.replace("\n", "; ")))
+            continue
+        task._source_file = output.resolve()
+        seen[task.instance_id] = where
+        result.tasks.append(task)
+        result.environment_source[task.instance_id] = source
+    return result
+
+
+def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapping[str, dict[str, Any]]] | None,
+                     result: ImportResult) -> tuple[EnvironmentConfig, TestSpec, str]:
+    version = row.get("version")
+    config, source = _install_config(row), "install_config"
+    if config is None:
+        config, source = lookup_spec(specs, repo, version), "specs"
+    if config is None:
+        environment, test_spec = default_environment(repo)
+        result.warn(f"{repo} {version}: no install_config and no spec; using defaults (python "
+                    f"{environment.python}, packages {environment.packages}, install {environment.install}, "
+                    f"{test_spec.format} runner)")
+        return environment, test_spec, "defaults"
+    environment, test_spec, warnings = environment_from_config(config, repo)
+    for message in warnings:
+        result.warn(f"{repo} {version}: {message}")
+    return environment, test_spec, source
+
+
+def import_swebench(path: Path, *, repos_dir: Path, output: Path, specs_path: Path | None = None) -> ImportResult:
+    """Read a SWE-bench JSON array or JSONL file and make its rows tasks (see :func:`import_rows`)."""
+    if not repos_dir.is_dir():
+        raise TaskFileError(f"{repos_dir}: not a directory of repositories")
+    specs = load_specs(specs_path) if specs_path else None
+    return import_rows(read_rows(path), repos_dir=repos_dir, output=output, specs=specs, origin=str(path))
+
+
+# --- export ---------------------------------------------------------------------------------------
+
+def _stringified(value: Any) -> Any:
+    return "" if value is None else str(value) if isinstance(value, (int, float)) else value
+
+
+def _decodes_to(text: str, tests: list[str]) -> bool:
+    try:
+        return json.loads(text) == tests
+    except json.JSONDecodeError:
+        return False
+
+
+def _encode_tests(tests: list[str], raw: Any, encoding: TestsEncoding) -> Any:
+    if encoding == "list" or (encoding == "source" and isinstance(raw, list) and raw == tests):
+        return tests
+    if isinstance(raw, str) and _decodes_to(raw, tests):
+        return raw  # verbatim, spacing and escapes as they came
+    return json.dumps(tests)
+
+
+def _exported_repo_path(task: Task, output_dir: Path | None) -> str | None:
+    try:
+        source = repo_source(task)
+    except TaskFileError:
+        return task.repo_path
+    if "://" in source or source.startswith("git@"):
+        return source
+    return portable_path(Path(source), output_dir) if output_dir else source
+
+
+def export_row(task: Task, *, swebench_only: bool = False, tests_encoding: TestsEncoding = "json",
+               output_dir: Path | None = None) -> dict[str, Any]:
+    """The SWE-bench row of ``task``: SWE-bench's fields and the task's other fields in the order
+    and encoding it was read with, then patchgym's ``environment``, ``test_spec`` and ``repo_path``
+    (relocated for a file in ``output_dir``) unless ``swebench_only``."""
+    current = task.to_row()
+    raw = task.raw_row
+    order = [*raw, *SWEBENCH_FIELDS, *(k for k in current if k not in PATCHGYM_FIELDS), *PATCHGYM_FIELDS]
+    row: dict[str, Any] = {}
+    for key in dict.fromkeys(order):
+        if key in PATCHGYM_FIELDS:
+            if swebench_only:
+                continue
+            value = _exported_repo_path(task, output_dir) if key == "repo_path" else current.get(key)
+            if value is not None:
+                row[key] = value
+        elif key.startswith(SHADOW_PREFIX) and key[len(SHADOW_PREFIX):] in PATCHGYM_FIELDS and key in current:
+            row[key[len(SHADOW_PREFIX):] if swebench_only else key] = current[key]
+        elif key in TEST_LIST_FIELDS:
+            row[key] = _encode_tests(current[key], raw.get(key), tests_encoding)
+        elif key in STRINGIFIED_FIELDS and key in raw and _stringified(raw[key]) == current[key]:
+            row[key] = raw[key]
+        elif key in current:
+            row[key] = current[key]
+    return row
+
+
+def export_rows(tasks: Iterable[Task], **options: Any) -> list[dict[str, Any]]:
+    return [export_row(task, **options) for task in tasks]
+
+
+def row_format(path: Path, fmt: str | None = None) -> RowFormat:
+    fmt = fmt or ("json" if path.suffix == ".json" else "jsonl")
+    if fmt == "json":
+        return "json"
+    if fmt == "jsonl":
+        return "jsonl"
+    raise ValueError(f"unknown format {fmt!r}; use jsonl or json")
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path, fmt: str | None = None) -> None:
+    """Write rows as JSONL or a JSON array (by ``fmt``, else by the file's suffix), atomically."""
+    fmt = row_format(path, fmt)
+    if fmt == "json":
+        text = json.dumps(rows, indent=2, ensure_ascii=False) + "\n"
+    else:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

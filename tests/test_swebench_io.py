@@ -1,0 +1,695 @@
+"""SWE-bench import and export, and the Django and SymPy test runners.
+
+The runner samples are real output: Django 5.2 under Python 3.11 and Django 3.2 under Python 3.9
+(``manage.py test --verbosity 2``, the runner Django's ``tests/runtests.py`` uses) and SymPy 1.14's
+own runner (``sympy.testing.runtests.test(verbose=True)``, what ``bin/test`` calls), with the
+database migrations cut.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import PYTEST_PIN, git
+from typer.testing import CliRunner
+
+from gym_envs import cli, load_task_set, load_tasks
+from gym_envs.cli import app
+from gym_envs.grading import TestStatus, grade
+from gym_envs.runners import (
+    changed_test_files,
+    django_command,
+    django_label,
+    django_labels,
+    parse_django_log,
+    parse_sympy_log,
+    sympy_command,
+)
+from gym_envs.swebench_io import (
+    RepoNotFoundError,
+    environment_from_config,
+    export_row,
+    find_repo,
+    import_rows,
+)
+from gym_envs.task import TestSpec
+from gym_envs.testrun import run_tests
+from sandboxes import ExecResult
+
+cli.out.width = cli.console.width = 300  # no wrapping inside table cells
+P, F, E, S, X = TestStatus.PASSED, TestStatus.FAILED, TestStatus.ERROR, TestStatus.SKIPPED, TestStatus.XFAIL
+
+DJANGO_PY311 = """\
+Testing against Django installed in '/testbed/django' with up to 1 processes
+Found 8 test(s).
+Creating test database for alias 'default' ('file:memorydb_default?mode=memory&cache=shared')...
+Operations to perform:
+  Synchronize unmigrated apps: shop
+  Apply all migrations: auth, contenttypes
+Synchronizing apps without migrations:
+  Creating tables...
+    Running deferred SQL...
+Running migrations:
+  Applying contenttypes.0001_initial... OK
+  Applying auth.0012_alter_user_first_name_max_length... OK
+System check identified no issues (0 silenced).
+test_empty_cart (shop.tests.CartTests.test_empty_cart) ... ok
+test_discount (shop.tests.PriceTests.test_discount)
+Discounts never make a price negative. ... FAIL
+test_error (shop.tests.PriceTests.test_error) ... ERROR
+test_gateway (shop.tests.PriceTests.test_gateway) ... skipped 'needs a payment gateway'
+test_known_bug (shop.tests.PriceTests.test_known_bug) ... expected failure
+test_prints (shop.tests.PriceTests.test_prints) ... Internal Server Error: /cart/
+ok
+test_rounding (shop.tests.PriceTests.test_rounding) ... ok
+test_subtests (shop.tests.PriceTests.test_subtests) ... \n\
+  test_subtests (shop.tests.PriceTests.test_subtests) (i=2) ... FAIL
+
+======================================================================
+ERROR: test_error (shop.tests.PriceTests.test_error)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/tmp/djcap/shop/tests.py", line 13, in test_error
+    raise KeyError("sku")
+KeyError: 'sku'
+
+======================================================================
+FAIL: test_discount (shop.tests.PriceTests.test_discount)
+Discounts never make a price negative.
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/tmp/djcap/shop/tests.py", line 10, in test_discount
+    self.assertEqual(1, 2)
+AssertionError: 1 != 2
+
+======================================================================
+FAIL: test_subtests (shop.tests.PriceTests.test_subtests) (i=2)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/tmp/djcap/shop/tests.py", line 30, in test_subtests
+    self.assertLess(i, 2)
+AssertionError: 2 not less than 2
+
+----------------------------------------------------------------------
+Ran 8 tests in 0.002s
+
+FAILED (failures=2, errors=1, skipped=1, expected failures=1)
+Destroying test database for alias 'default' ('file:memorydb_default?mode=memory&cache=shared')...
+"""
+
+DJANGO_PY39 = """\
+Creating test database for alias 'default' ('file:memorydb_default?mode=memory&cache=shared')...
+Operations to perform:
+  Synchronize unmigrated apps: shop
+  Apply all migrations: auth, contenttypes
+Running migrations:
+  Applying contenttypes.0001_initial... OK
+  Applying sites.0002_alter_domain_unique...test_no_migrations (migrations.test_commands.MakeMigrationsTests) ... ok
+System check identified no issues (0 silenced).
+test_empty_cart (shop.tests.CartTests) ... ok
+test_discount (shop.tests.PriceTests)
+Discounts never make a price negative. ... FAIL
+test_error (shop.tests.PriceTests) ... ERROR
+test_gateway (shop.tests.PriceTests) ... skipped 'needs a payment gateway'
+test_known_bug (shop.tests.PriceTests) ... expected failure
+test_prints (shop.tests.PriceTests) ... Internal Server Error: /cart/
+ok
+test_rounding (shop.tests.PriceTests) ... ok
+test_subtests (shop.tests.PriceTests) ... \n\
+======================================================================
+ERROR: test_error (shop.tests.PriceTests)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+  File "/tmp/djcap/shop/tests.py", line 13, in test_error
+    raise KeyError("sku")
+KeyError: 'sku'
+
+======================================================================
+FAIL: test_discount (shop.tests.PriceTests)
+Discounts never make a price negative.
+----------------------------------------------------------------------
+AssertionError: 1 != 2
+
+======================================================================
+FAIL: test_subtests (shop.tests.PriceTests) (i=2)
+----------------------------------------------------------------------
+AssertionError: 2 not less than 2
+
+----------------------------------------------------------------------
+Ran 8 tests in 0.002s
+
+FAILED (failures=2, errors=1, skipped=1, expected failures=1)
+"""
+
+SYMPY = """\
+============================= test process starts ==============================
+executable:         /testbed/.venv/bin/python  (3.9.18-final-0) [CPython]
+architecture:       64-bit
+cache:              no
+ground types:       python \n\
+numpy:              None
+random seed:        35225539
+hash randomization: on (PYTHONHASHSEED=402412778)
+
+sympy/core/tests/test_singleton.py[3] \n\
+test_Singleton ok
+test_singleton_redefinition ok
+test_names_in_namespace ok                                                  [OK]
+
+sympy/core/tests/test_zz_sample.py[9] \n\
+test_issue_1234_passes ok
+test_prints_something hello from the test
+ok
+test_fails F
+test_raises_error E
+test_expected_failure f
+test_unexpected_pass X
+test_skipped requires numpy s
+test_slow_one Slow w
+test_last_ok ok                                                           [FAIL]
+
+sympy/core/tests/test_broken.py[?]   Failed to import                     [FAIL]
+
+________________________________ xpassed tests _________________________________
+sympy/core/tests/test_zz_sample.py: test_unexpected_pass
+
+________________________________________________________________________________
+_____________ sympy/core/tests/test_zz_sample.py:test_raises_error _____________
+Traceback (most recent call last):
+  File "/testbed/sympy/core/tests/test_zz_sample.py", line 15, in test_raises_error
+    raise ValueError("boom")
+ValueError: boom
+
+________________________________________________________________________________
+________________ sympy/core/tests/test_zz_sample.py::test_fails ________________
+Traceback (most recent call last):
+  File "/testbed/sympy/core/tests/test_zz_sample.py", line 12, in test_fails
+    assert 1 == 2
+AssertionError
+
+ tests finished: 7 passed, 1 failed, 1 skipped, 1 expected to fail, \n\
+1 expected to fail but passed, 2 exceptions, in 0.02 seconds \n\
+DO *NOT* COMMIT!
+"""
+
+
+# --- runners --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("log, where", [(DJANGO_PY311, "{c}.{t}"), (DJANGO_PY39, "{c}")])
+def test_django_log_both_id_styles(log, where):
+    statuses = parse_django_log(log)
+
+    def st(test: str, cls: str = "shop.tests.PriceTests"):
+        # Ids in either Python's wording find the same status.
+        old, new = statuses.get(f"{test} ({cls})"), statuses.get(f"{test} ({cls}.{test})")
+        assert old == new, test
+        return old
+
+    assert st("test_empty_cart", "shop.tests.CartTests") is P
+    assert st("test_discount") is F and statuses["Discounts never make a price negative."] is F
+    assert st("test_error") is E
+    assert st("test_gateway") is S
+    assert st("test_known_bug") is X
+    assert st("test_prints") is P, "a status pushed to the next line by the test's output"
+    assert st("test_rounding") is P
+    assert st("test_subtests") is F, "a failing subtest fails its test"
+    assert not any(k.startswith(("Applying", "Creating", "System")) for k in statuses)
+
+
+def test_django_log_output_running_into_a_result_line():
+    statuses = parse_django_log(DJANGO_PY39)
+    assert statuses["test_no_migrations (migrations.test_commands.MakeMigrationsTests)"] is P
+
+
+def test_django_a_printed_pass_does_not_undo_a_failure():
+    log = "test_a (m.tests.T) ... FAIL\ntest_a (m.tests.T) ... ok\n"
+    assert parse_django_log(log)["test_a (m.tests.T)"] is F
+
+
+def test_sympy_log():
+    statuses = parse_sympy_log(SYMPY)
+    assert statuses["test_Singleton"] is P and statuses["test_names_in_namespace"] is P
+    assert statuses["test_issue_1234_passes"] is P
+    assert statuses["test_prints_something"] is P, "a status after the test's own output"
+    assert statuses["test_fails"] is F and statuses["test_raises_error"] is E
+    assert statuses["test_expected_failure"] is X and statuses["test_unexpected_pass"] is P
+    assert statuses["test_skipped"] is S and statuses["test_slow_one"] is S
+    assert statuses["test_last_ok"] is P, "the file's [FAIL] mark is not the test's status"
+    assert statuses["sympy/core/tests/test_broken.py"] is E
+    g = grade(["test_issue_1234_passes", "test_fails"], ["test_Singleton", "test_missing"], statuses)
+    assert g.tests_status["FAIL_TO_PASS"]["failure"] == ["test_fails"] and g.missing == ["test_missing"]
+
+
+def test_sympy_traceback_header_marks_a_test_failed():
+    log = "sympy/a/tests/test_b.py[1] \ntest_x ok   [OK]\n___ sympy/a/tests/test_b.py::test_x ___\nAssertionError\n"
+    assert parse_sympy_log(log)["test_x"] is F
+
+
+def test_django_labels():
+    assert django_label("test_add (arith.tests.ArithTests)") == "arith.tests.ArithTests.test_add"
+    assert django_label("test_add (arith.tests.ArithTests.test_add)") == "arith.tests.ArithTests.test_add"
+    assert django_label("Adding zero changes nothing.") is None
+    assert django_labels(["test_a (m.tests.C)", "test_a (m.tests.C.test_a)", "test_b (n.tests.D)"]) == [
+        "m.tests.C.test_a", "n.tests.D.test_b"]
+    # A docstring id cannot be a label: the test patch's modules run instead (SWE-bench's way).
+    files = ["tests/m/tests.py", "tests/m/sub/__init__.py", "django/core/x.py"]
+    assert django_labels(["test_a (m.tests.C)", "Docstring.", "test_z (o.tests.D)"], files) == [
+        "m.tests", "m.sub", "django.core.x", "o.tests.D.test_z"]
+
+
+def test_commands_per_runner():
+    cmd = django_command("./tests/runtests.py --settings=test_sqlite --parallel 1", ["test_a (m.tests.C)"])
+    assert cmd == "./tests/runtests.py --settings=test_sqlite --parallel 1 --verbosity 2 m.tests.C.test_a"
+    assert django_command("./tests/runtests.py --verbosity 2", []) == "./tests/runtests.py --verbosity 2"
+    assert django_command("./tests/runtests.py -v 3", [], ["tests/m/tests.py"]) == "./tests/runtests.py -v 3 m.tests"
+    assert sympy_command("bin/test -C --verbose", ["test_x"], ["sympy/a/tests/test_b.py", "doc/a.rst"]) == (
+        "bin/test -C --verbose sympy/a/tests/test_b.py")
+    assert sympy_command("bin/test -C", []) == "bin/test -C --verbose"
+    patch = ("diff --git a/tests/m/tests.py b/tests/m/tests.py\n--- a/tests/m/tests.py\n+++ b/tests/m/tests.py\n"
+             "@@ -1 +1 @@\n-a\n+b\n"
+             "diff --git a/tests/m/data.json b/tests/m/data.json\n--- a/tests/m/data.json\n+++ b/tests/m/data.json\n"
+             "@@ -1 +1 @@\n-a\n+b\n")
+    assert changed_test_files(patch) == ["tests/m/tests.py"]
+
+
+def test_test_spec_defaults_per_format():
+    assert TestSpec().command == "python -m pytest -p no:cacheprovider" and TestSpec().format == "pytest"
+    assert TestSpec.model_validate({"format": "django"}).command.startswith("./tests/runtests.py --verbosity 2")
+    assert TestSpec.model_validate({"format": "sympy"}).command == "bin/test -C --verbose"
+    assert TestSpec.model_validate({"format": "sympy", "command": "bin/test"}).command == "bin/test"
+    with pytest.raises(ValueError):
+        TestSpec.model_validate({"format": "nose"})
+
+
+class FakeSandbox:
+    """Records commands; answers with a canned output, which the runner's tee also 'wrote'."""
+
+    workdir = "/testbed"
+    base_commit = "0" * 40
+
+    def __init__(self, output: str, exit_code: int = 0) -> None:
+        self.output, self.exit_code, self.commands = output, exit_code, []
+
+    def exec(self, command, timeout=60.0, cwd=None, env=None, output_limit=None):
+        self.commands.append(command)
+        return ExecResult(exit_code=self.exit_code, output=self.output[:100], timed_out=False, duration=0.1)
+
+    def read_file(self, path):
+        if path.startswith(".patchgym-log-") and path in self.commands[-1]:
+            return self.output.encode()
+        raise FileNotFoundError(path)
+
+
+def test_run_tests_pytest_command_is_unchanged():
+    sandbox = FakeSandbox("")
+    run = run_tests(sandbox, TestSpec(), ["tests/a.py::test_x", "tests/a.py::test_x", "tests/b.py::test y"],
+                    files=["ignored.py"])
+    (command,) = sandbox.commands
+    assert re.fullmatch(r"python -m pytest -p no:cacheprovider -rA --junitxml=\.patchgym-junit-[0-9a-f]{32}\.xml "
+                        r"-o junit_family=xunit1 tests/a\.py::test_x 'tests/b\.py::test y'", command)
+    assert run.command == command and run.error.startswith("no test results")
+
+
+def test_run_tests_django_and_sympy_read_the_whole_log():
+    sandbox = FakeSandbox(DJANGO_PY311, exit_code=1)
+    spec = TestSpec(format="django")
+    run = run_tests(sandbox, spec, ["test_rounding (shop.tests.PriceTests)", "test_error (shop.tests.PriceTests)"])
+    assert run.command == ("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 "
+                           "shop.tests.PriceTests.test_rounding shop.tests.PriceTests.test_error")
+    assert "| tee .patchgym-log-" in sandbox.commands[0] and 'exit "${PIPESTATUS[0]}"' in sandbox.commands[0]
+    assert run.statuses["test_rounding (shop.tests.PriceTests)"] is P, "parsed from the file, not the capped output"
+    assert run.consistent and run.error is None
+
+    sandbox = FakeSandbox(SYMPY, exit_code=1)
+    run = run_tests(sandbox, TestSpec(format="sympy"), ["test_fails"], files=["sympy/core/tests/test_zz_sample.py"])
+    assert run.command == "bin/test -C --verbose sympy/core/tests/test_zz_sample.py"
+    assert run.failed >= {"test_fails", "test_raises_error"} and run.consistent
+
+    lying = FakeSandbox("test_a (m.tests.C) ... ok\n", exit_code=1)
+    assert not run_tests(lying, spec, ["test_a (m.tests.C)"]).consistent
+    assert run_tests(FakeSandbox("boom\n", 1), spec, ["test_a (m.tests.C)"]).error.startswith("no test results")
+
+
+# --- environments ---------------------------------------------------------------------------------
+
+def test_install_config_swe_rebench_style():
+    env, spec, warnings = environment_from_config({
+        "python": "3.9", "install": "pip install -e .", "packages": "requirements.txt",
+        "reqs_path": ["requirements/base.txt"], "pip_packages": ["pytest", "hypothesis==6.0"],
+        "pre_install": ["apt-get install -y gcc"], "log_parser": "parse_log_pytest",
+        "test_cmd": "pytest --no-header -rA --tb=line --color=no -p no:cacheprovider", "env_yml_path": None,
+    }, "o/r")
+    assert env.python == "3.9" and env.packages == ["pytest", "hypothesis==6.0"]
+    assert env.pre_install == ["apt-get install -y gcc"]
+    assert env.install == ["python -m pip install -r requirements/base.txt", "pip install -e ."]
+    assert spec.format == "pytest" and spec.command.startswith("pytest --no-header") and not warnings
+
+
+def test_swebench_specs_style_django_and_sympy():
+    env, spec, warnings = environment_from_config({
+        "python": "3.6", "packages": "requirements.txt", "install": "python -m pip install -e .",
+        "pip_packages": "setuptools", "test_cmd": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
+        "eval_commands": ["export LANG=en_US.UTF-8", "export LC_ALL=en_US.UTF-8", "locale-gen"],
+    }, "django/django")
+    assert spec.format == "django" and env.packages == ["setuptools"]
+    assert spec.command == ("LANG=en_US.UTF-8 LC_ALL=en_US.UTF-8 "
+                            "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1")
+    first, second = env.install
+    assert first.startswith("for f in requirements.txt requirements-dev.txt") and second == "python -m pip install -e ."
+    assert warnings == ["eval_commands step not run before the tests: 'locale-gen'"]
+    env, spec, _ = environment_from_config({
+        "python": "3.9", "packages": "mpmath flake8", "pip_packages": ["mpmath==1.3.0", "flake8-comprehensions"],
+        "install": "python -m pip install -e .", "timeout": 1200,
+        "test_cmd": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
+    }, "sympy/sympy")
+    assert spec.format == "sympy" and spec.timeout == 1200
+    assert env.packages == ["mpmath", "flake8", "mpmath==1.3.0", "flake8-comprehensions"]
+    _, spec, warnings = environment_from_config({"packages": "environment.yml"}, "sympy/sympy")
+    assert spec.format == "sympy" and spec.command == "bin/test -C --verbose" and "conda" in warnings[0]
+
+
+def test_find_repo_tries_each_layout_and_says_which(tmp_path):
+    (tmp_path / "name.git").mkdir()
+    (tmp_path / "name.git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / "name.git" / "objects").mkdir()
+    assert find_repo(tmp_path, "owner/name") == (tmp_path / "name.git").resolve()
+    (tmp_path / "owner__name.bundle").write_bytes(b"# v2 git bundle\n")
+    assert find_repo(tmp_path, "owner/name") == (tmp_path / "owner__name.bundle").resolve()
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(RepoNotFoundError) as err:
+        find_repo(tmp_path, "who/plain")
+    message = str(err.value)
+    for name in ("who__plain", "who__plain.git", "who__plain.bundle", "plain.git", "plain.bundle"):
+        assert name in message
+    assert "not git repositories" in message
+
+
+# --- import and export ----------------------------------------------------------------------------
+
+RUNTESTS = '''\
+#!/usr/bin/env python
+"""A stand-in for Django's tests/runtests.py: the same options, labels and unittest output."""
+import argparse
+import os
+import sys
+import unittest
+
+parser = argparse.ArgumentParser()
+parser.add_argument("labels", nargs="*")
+parser.add_argument("-v", "--verbosity", type=int, default=1)
+parser.add_argument("--settings")
+parser.add_argument("--parallel")
+args = parser.parse_args()
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.dirname(here)]  # Django's is installed in the venv instead
+loader = unittest.TestLoader()
+suite = loader.loadTestsFromNames(args.labels) if args.labels else loader.discover(here, pattern="tests.py")
+print("Testing against Django installed in '/testbed/django' with up to 1 processes")
+print("System check identified no issues (0 silenced).")
+sys.exit(not unittest.TextTestRunner(verbosity=args.verbosity).run(suite).wasSuccessful())
+'''
+
+BIN_TEST = '''\
+#!/usr/bin/env python
+"""A stand-in for SymPy's bin/test: test_* functions of the files given, reported as sympy does."""
+import importlib.util
+import os
+import sys
+import traceback
+
+paths = [a for a in sys.argv[1:] if not a.startswith("-")]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as sympy's does
+print("=" * 29 + " test process starts " + "=" * 30)
+failures, bad = [], False
+for path in paths:
+    spec = importlib.util.spec_from_file_location("t", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tests = [(n, f) for n, f in vars(module).items() if n.startswith("test_") and callable(f)]
+    sys.stdout.write(f"{path}[{len(tests)}] ")
+    file_bad = False
+    for name, func in tests:
+        sys.stdout.write(f"\\n{name} ")
+        try:
+            func()
+            sys.stdout.write("ok")
+        except AssertionError:
+            sys.stdout.write("F")
+            file_bad = True
+            failures.append((path, name, traceback.format_exc()))
+        except Exception:
+            sys.stdout.write("E")
+            file_bad = True
+            failures.append((path, name, traceback.format_exc()))
+    sys.stdout.write(" " + ("[FAIL]" if file_bad else "[OK]").rjust(50) + "\\n\\n")
+    bad = bad or file_bad
+for path, name, tb in failures:
+    print("_" * 10 + f" {path}:{name} " + "_" * 10)
+    print(tb)
+print("tests finished")
+sys.exit(1 if bad else 0)
+'''
+
+FILES_V1 = {
+    "minilib/__init__.py": "def add(a, b):\n    return a + b\n\n\ndef clamp(x, lo, hi):\n    return max(lo, x)\n",
+    "minilib/tests/__init__.py": "",
+    "minilib/tests/test_core.py": "from minilib import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+    "tests/__init__.py": "",
+    "tests/test_basic.py": "from minilib import add\n\n\ndef test_add():\n    assert add(2, 2) == 4\n",
+    "tests/arith/__init__.py": "",
+    "tests/arith/tests.py": textwrap.dedent('''\
+        import unittest
+
+        from minilib import add
+
+
+        class ArithTests(unittest.TestCase):
+            def test_add(self):
+                self.assertEqual(add(1, 1), 2)
+
+            def test_zero(self):
+                """Adding zero changes nothing."""
+                self.assertEqual(add(5, 0), 5)
+        '''),
+    "tests/runtests.py": RUNTESTS,
+    "bin/test": BIN_TEST,
+}
+FIX = {"minilib/__init__.py": FILES_V1["minilib/__init__.py"].replace("max(lo, x)", "max(lo, min(x, hi))")}
+NEW_TESTS = {
+    "pytest": {"tests/test_basic.py": FILES_V1["tests/test_basic.py"].replace("import add", "import add, clamp")
+               + "\n\ndef test_clamp_high():\n    assert clamp(9, 0, 5) == 5\n"},
+    "django": {"tests/arith/tests.py": FILES_V1["tests/arith/tests.py"].replace("import add", "import add, clamp")
+               + "\n    def test_clamp_high(self):\n        self.assertEqual(clamp(9, 0, 5), 5)\n"},
+    "sympy": {"minilib/tests/test_core.py": FILES_V1["minilib/tests/test_core.py"].replace(
+        "import add", "import add, clamp") + "\n\ndef test_clamp_high():\n    assert clamp(9, 0, 5) == 5\n"},
+}
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if name in ("tests/runtests.py", "bin/test"):
+            path.chmod(0o755)
+
+
+def _diff(repo: Path, files: dict[str, str]) -> str:
+    _write(repo, files)
+    diff = git(repo, "diff")
+    git(repo, "checkout", "-q", "--", ".")
+    return diff
+
+
+@pytest.fixture(scope="module")
+def swebench_dataset(tmp_path_factory) -> dict:
+    """A repository with real history, laid out three ways in a repos directory (a clone, a bare
+    mirror, a bundle), and SWE-bench rows over it: a pytest one in SWE-bench Verified's shape
+    whose environment comes from a specs file, and Django- and SymPy-style ones in SWE-rebench's
+    shape with an install_config."""
+    root = tmp_path_factory.mktemp("swebench")
+    repos = root / "repos"
+    work = repos / "acme__minilib"
+    work.mkdir(parents=True)
+    git(work, "init", "-q", "-b", "main")
+    _write(work, FILES_V1)
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "minilib: add and clamp", date="2024-03-01T10:00:00Z")
+    base = git(work, "rev-parse", "HEAD").strip()
+    patch = _diff(work, FIX)
+    test_patches = {style: _diff(work, files) for style, files in NEW_TESTS.items()}
+    _write(work, FIX)
+    git(work, "commit", "-q", "-am", "clamp: respect the upper bound", date="2024-03-02T10:00:00Z")
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(repos / "djangoish.git")], check=True)
+    git(work, "bundle", "create", str(repos / "acme__sympyish.bundle"), "--all")
+
+    rows = [
+        {"repo": "acme/minilib", "instance_id": "acme__minilib-1", "base_commit": base, "patch": patch,
+         "test_patch": test_patches["pytest"], "problem_statement": "clamp() ignores the upper bound\n",
+         "hints_text": "", "created_at": "2024-03-01T12:00:00Z", "version": "0.1",
+         "FAIL_TO_PASS": json.dumps(["tests/test_basic.py::test_clamp_high"]),
+         "PASS_TO_PASS": json.dumps(["tests/test_basic.py::test_add"]),
+         "environment_setup_commit": base, "difficulty": "<15 min fix"},
+        {"instance_id": "acme__djangoish-2", "base_commit": base, "created_at": "2024-03-01T12:00:00Z",
+         "environment_setup_commit": base, "hints_text": "See #1.", "patch": patch,
+         "problem_statement": "clamp(9, 0, 5) returns 9", "repo": "acme/djangoish",
+         "test_patch": test_patches["django"], "meta": {"has_test_patch": True, "num_modified_files": 1},
+         "version": "3.0",
+         "install_config": {"python": "3.11", "install": "", "packages": "", "pip_packages": [],
+                            "pre_install": [], "log_parser": "parse_log_django",
+                            "test_cmd": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1"},
+         "FAIL_TO_PASS": json.dumps(["test_clamp_high (arith.tests.ArithTests)"]),
+         "PASS_TO_PASS": json.dumps(["test_add (arith.tests.ArithTests)", "Adding zero changes nothing."]),
+         "environment": "name: testbed\nchannels:\n  - defaults\n", "license_name": "BSD-3-Clause"},
+        {"instance_id": "acme__sympyish-3", "base_commit": base, "created_at": "2024-03-01T12:00:00Z",
+         "environment_setup_commit": base, "hints_text": "", "patch": patch, "problem_statement": "clamp is wrong",
+         "repo": "acme/sympyish", "test_patch": test_patches["sympy"], "version": "1.1",
+         "install_config": {"python": "3.11", "install": "",
+                            "test_cmd": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose"},
+         "FAIL_TO_PASS": json.dumps(["test_clamp_high"]), "PASS_TO_PASS": json.dumps(["test_add"])},
+    ]
+    specs = root / "specs.json"
+    specs.write_text(json.dumps({"acme/minilib": {"0.1": {
+        "python": ">=3.9", "pip_packages": [PYTEST_PIN], "test_cmd": "python -m pytest -p no:cacheprovider"}}}))
+    source = root / "swebench.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"root": root, "repos": repos, "rows": rows, "specs": specs, "source": source}
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def _read(path: Path) -> list[dict]:
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_import_validates_and_export_gives_back_the_input(swebench_dataset):
+    d = swebench_dataset
+    tasks_file = d["root"] / "tasks.jsonl"
+    result = run("tasks", "import-swebench", str(d["source"]), "--repos", str(d["repos"]), "--specs", str(d["specs"]),
+                 "--output", str(tasks_file), "--runs", "1", "--workers", "3")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "wrote 3 tasks" in text and "0 dropped" in text, result.output
+    assert "1 from specs" in text and "2 from install_config" in text
+
+    tasks = {t.instance_id: t for t in load_tasks(tasks_file)}
+    pytest_task, django_task, sympy_task = (tasks[r["instance_id"]] for r in d["rows"])
+    assert pytest_task.environment.packages == [PYTEST_PIN] and pytest_task.test_spec.format == "pytest"
+    assert django_task.test_spec.format == "django" and sympy_task.test_spec.format == "sympy"
+    assert sympy_task.test_spec.command.startswith("PYTHONWARNINGS=")
+    assert {t.repo_path for t in tasks.values()} == {"repos/acme__minilib", "repos/djangoish.git",
+                                                     "repos/acme__sympyish.bundle"}, "relative: repos lie under"
+    # SWE-rebench's own "environment" (a conda listing) is kept beside patchgym's.
+    assert django_task.model_extra["original_environment"].startswith("name: testbed")
+
+    back = d["root"] / "back.jsonl"
+    result = run("tasks", "export", "--tasks", str(tasks_file), "--output", str(back), "--swebench-only")
+    assert result.exit_code == 0, result.output
+    exported = _read(back)
+    assert exported == d["rows"]
+    assert [list(r) for r in exported] == [list(r) for r in d["rows"]], "same key order"
+    assert back.read_text() == d["source"].read_text(), "byte for byte, when written the same way"
+
+
+def test_exported_rows_with_patchgym_fields_load_anywhere(swebench_dataset, tmp_path):
+    d = swebench_dataset
+    tasks_file = d["root"] / "tasks-unvalidated.json"
+    result = run("tasks", "import-swebench", str(d["source"]), "--repos", str(d["repos"]), "--specs", str(d["specs"]),
+                 "--output", str(tasks_file), "--no-validate")
+    assert result.exit_code == 0 and "without validation" in " ".join(result.output.split())
+    assert isinstance(json.loads(tasks_file.read_text()), list), ".json: an array"
+    out = tmp_path / "elsewhere" / "full.json"
+    assert run("tasks", "export", "--tasks", str(tasks_file), "--output", str(out)).exit_code == 0
+    rows = _read(out)
+    assert all(isinstance(r["FAIL_TO_PASS"], str) for r in rows), "JSON strings, as published"
+    assert all(Path(r["repo_path"]).is_absolute() for r in rows), "repos do not lie under the new file"
+    assert list(rows[1])[-3:] == ["environment", "test_spec", "repo_path"]
+    assert rows[1]["environment"]["python"] == "3.11" and rows[1]["original_environment"].startswith("name:")
+    again = load_task_set(out)
+    assert [t.test_spec.format for t in again] == ["pytest", "django", "sympy"]
+    swebench_only = tmp_path / "rows.jsonl"
+    run("tasks", "export", "--tasks", str(out), "--output", str(swebench_only), "--swebench-only")
+    assert _read(swebench_only) == d["rows"], "a second round trip changes nothing either"
+
+
+def test_import_drops_rows_it_cannot_use_and_says_why(swebench_dataset, tmp_path):
+    d = swebench_dataset
+    rows = [
+        dict(d["rows"][0]),
+        {**d["rows"][0], "instance_id": "who__lost-1", "repo": "who/lost"},
+        {**d["rows"][0], "instance_id": "acme__minilib-bad", "base_commit": "f" * 40},
+        {**d["rows"][0], "instance_id": "acme__minilib-nof2p", "FAIL_TO_PASS": "[]"},
+        {**d["rows"][0]},
+    ]
+    source = tmp_path / "rows.json"
+    source.write_text(json.dumps(rows, indent=1))
+    out = tmp_path / "t.jsonl"
+    result = run("tasks", "import-swebench", str(source), "--repos", str(d["repos"]), "--output", str(out),
+                 "--no-validate")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "cannot find repository 'who/lost'" in text and "who__lost.bundle" in text
+    assert "at least one FAIL_TO_PASS test" in text and "duplicate instance_id" in text
+    assert f"base_commit {'f' * 40} is not in" in text, "warned about under --no-validate"
+    assert "no install_config and no spec; using defaults" in text
+    assert "wrote 2 tasks" in text
+    (first, bad_commit) = load_tasks(out)
+    assert first.environment.install == ["python -m pip install -e ."] and first.environment.packages == ["pytest"]
+
+    result = run("tasks", "import-swebench", str(source), "--repos", str(d["repos"]), "--output", str(out),
+                 "--specs", str(d["specs"]), "--runs", "1")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert f"base_commit {'f' * 40} is not in" in text and "acme__minilib-bad" in text
+    assert "wrote 1 tasks" in text and "4 dropped" in text, "validation drops the bad commit"
+
+    empty = tmp_path / "none.jsonl"
+    empty.write_text(json.dumps(rows[1]) + "\n")
+    result = run("tasks", "import-swebench", str(empty), "--repos", str(d["repos"]), "--output", str(tmp_path / "x"))
+    assert result.exit_code == 1 and "no task to write" in result.output
+    result = run("tasks", "import-swebench", str(empty), "--repos", str(tmp_path / "nowhere"), "--output", "x.jsonl")
+    assert result.exit_code == 2 and "not a directory" in result.output
+
+
+def test_list_encoded_rows_round_trip_with_source_encoding(swebench_dataset, tmp_path):
+    d = swebench_dataset
+    row = {**d["rows"][2], "FAIL_TO_PASS": ["test_clamp_high"], "PASS_TO_PASS": ["test_add"], "version": 1.1,
+           "hints_text": None, "__index_level_0__": 7}
+    result = import_rows([("line 1", row)], repos_dir=d["repos"], output=tmp_path / "t.jsonl")
+    (task,) = result.tasks
+    assert task.version == "1.1" and task.hints_text == ""
+    assert export_row(task, swebench_only=True, tests_encoding="source") == row
+    assert list(export_row(task, swebench_only=True, tests_encoding="source")) == list(row)
+    as_json = export_row(task, swebench_only=True)
+    assert as_json["FAIL_TO_PASS"] == '["test_clamp_high"]' and as_json["version"] == 1.1
+    task.version = "2.0"  # a changed value is written as it is now
+    assert export_row(task, swebench_only=True)["version"] == "2.0"
+
+
+def test_export_of_the_bundled_catalog(tmp_path):
+    out = tmp_path / "catalog.jsonl"
+    result = run("tasks", "export", "--output", str(out), "--instance-ids", "patchgym__textable-1", "--swebench-only")
+    assert result.exit_code == 0, result.output
+    (row,) = _read(out)
+    assert list(row)[:2] == ["instance_id", "repo"] and row["environment_setup_commit"] is None
+    assert set(row) >= {"instance_id", "repo", "base_commit", "patch", "test_patch", "problem_statement",
+                        "hints_text", "created_at", "version", "FAIL_TO_PASS", "PASS_TO_PASS"}
+    assert not set(row) & {"environment", "test_spec", "repo_path"}
+    assert json.loads(row["FAIL_TO_PASS"])
+    full = tmp_path / "catalog.json"
+    assert run("tasks", "export", "--output", str(full), "--format", "json", "--tests-encoding", "list",
+               "--instance-ids", "patchgym__textable-1").exit_code == 0
+    (row,) = _read(full)
+    assert isinstance(row["FAIL_TO_PASS"], list) and row["repo_path"].endswith("textable.bundle")
+    assert load_tasks(full)[0].instance_id == "patchgym__textable-1"
+    bad = run("tasks", "export", "--output", str(full), "--format", "csv")
+    assert bad.exit_code == 2 and "unknown format" in bad.output
