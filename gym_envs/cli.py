@@ -23,7 +23,7 @@ from .evaluation import evaluate
 from .images_cli import images_app
 from .predictions import EMPTY, GOLD, load_predictions
 from .task import TaskFileError
-from .validation import validate_tasks
+from .validation import TaskValidation, validate_tasks
 from .verifier import InstanceReport, Verifier
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -138,6 +138,21 @@ def tasks_nemo_gym_dataset(
     out.print(f"wrote {len(task_set)} NeMo Gym rows to {output}")
 
 
+def _validate_with_progress(task_set: TaskSet, verifier: Verifier, *, runs: int, workers: int,
+                            failed_word: str) -> list[TaskValidation]:
+    """``validate_tasks`` behind a progress bar counting the tasks that failed so far."""
+    with _progress() as progress:
+        bar = progress.add_task("validating", total=len(task_set), status="")
+        bad = 0
+
+        def done(r: TaskValidation) -> None:
+            nonlocal bad
+            bad += 0 if r.ok else 1
+            progress.update(bar, advance=1, status=f"{bad} {failed_word}")
+
+        return validate_tasks(task_set, verifier, runs=runs, workers=workers, on_done=done)
+
+
 @tasks_app.command("validate")
 def tasks_validate(
     instance_ids: Annotated[list[str] | None, typer.Argument(help="Ids to validate (default: all).")] = None,
@@ -150,16 +165,7 @@ def tasks_validate(
     """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
     task_set = _load(tasks, instance_ids)
     verifier = _verifier(backend, isolation)
-    with _progress() as progress:
-        bar = progress.add_task("validating", total=len(task_set), status="")
-        bad = 0
-
-        def done(r) -> None:
-            nonlocal bad
-            bad += 0 if r.ok else 1
-            progress.update(bar, advance=1, status=f"{bad} problem(s)")
-
-        results = validate_tasks(task_set, verifier, runs=runs, workers=workers, on_done=done)
+    results = _validate_with_progress(task_set, verifier, runs=runs, workers=workers, failed_word="problem(s)")
     table = Table(title="task validation")
     for col in ("instance_id", "gold", "empty", "flaky", "seconds", "verdict"):
         table.add_column(col, overflow="fold")
@@ -470,17 +476,8 @@ def tasks_import_swebench(
         kept = [t for t in kept if t.instance_id not in commits]
         if kept:
             verifier = _verifier(backend, isolation)
-            with _progress() as progress:
-                bar = progress.add_task("validating", total=len(kept), status="")
-                bad = 0
-
-                def done(r) -> None:
-                    nonlocal bad
-                    bad += 0 if r.ok else 1
-                    progress.update(bar, advance=1, status=f"{bad} dropped")
-
-                results = validate_tasks(TaskSet(kept, str(output)), verifier, runs=runs, workers=workers,
-                                         on_done=done)
+            results = _validate_with_progress(TaskSet(kept, str(output)), verifier, runs=runs, workers=workers,
+                                              failed_word="dropped")
             problems = {r.instance_id: "; ".join(r.problems) for r in results if not r.ok}
             dropped += list(problems.items())
             kept = [t for t in kept if t.instance_id not in problems]
