@@ -6,8 +6,10 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -143,3 +145,19 @@ def backend(request) -> str:
     if request.param == "docker":
         request.getfixturevalue("docker_base")
     return request.param
+
+
+@pytest.fixture(scope="module")
+def url(calc_tasks_file) -> Iterator[str]:
+    """The calc task set served by a real uvicorn, one server per test module."""
+    from server.app import create_app
+    from tests.serving import serve
+
+    with serve(create_app(tasks=calc_tasks_file)) as u:
+        yield u
+
+
+@pytest.fixture
+def http(url) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=120) as c:
+        yield c

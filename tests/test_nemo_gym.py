@@ -5,7 +5,6 @@ previous response), plus the typed session contract, auth, masking and the datas
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -46,18 +45,6 @@ class Rollout:
 @pytest.fixture(scope="module")
 def row(calc_tasks_file) -> dict:
     return next(nemo_gym_dataset_rows(load_task_set(calc_tasks_file)))
-
-
-@pytest.fixture(scope="module")
-def url(calc_tasks_file) -> Iterator[str]:
-    with serve(create_app(tasks=calc_tasks_file)) as u:
-        yield u
-
-
-@pytest.fixture
-def http(url) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=120) as c:
-        yield c
 
 
 def seeded(http: httpx.Client, body: dict, headers: dict[str, str] | None = None) -> Rollout:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Iterator
 
 import gymnasium as gym
 import httpx
-import pytest
 
 import server  # noqa: F401  (registers patchgym/Remote-v0)
 from server.app import create_app
@@ -28,18 +26,6 @@ def apply_via_bash(patch: str) -> dict:
 
 
 SUBMIT = {"name": "submit", "arguments": {}}
-
-
-@pytest.fixture(scope="module")
-def url(calc_tasks_file) -> Iterator[str]:
-    with serve(create_app(tasks=calc_tasks_file)) as u:
-        yield u
-
-
-@pytest.fixture
-def http(url) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=120) as c:
-        yield c
 
 
 def create(http: httpx.Client, **body) -> dict:
