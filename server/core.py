@@ -71,7 +71,9 @@ class EnvService:
         self.env_options.pop("backend", None)
         factory = sandbox_factory(backend, **self.env_options.get("sandbox_options", None) or {})
         self.verifier = Verifier(factory, partial_credit=bool(self.env_options.get("partial_credit", False)))
-        RepoEnv(task_set, backend=backend, **self.env_options).close()  # a bad option fails here, not per session
+        checked = RepoEnv(task_set, backend=backend, **self.env_options)  # a bad option fails here, not per session
+        self.tools: list[dict[str, Any]] = checked.tools
+        checked.close()
         if any(not t for t in tokens):
             raise ValueError("an empty token would accept anyone")
         self.tokens = list(tokens)
@@ -80,7 +82,6 @@ class EnvService:
                                       operation_timeout=operation_timeout)
         self.metrics = Metrics(self.manager, self.queue_depth)
         self._verify_slots: anyio.CapacityLimiter | None = None
-        self.tools: list[dict[str, Any]] = RepoEnv(task_set, backend=backend, **self.env_options).tools
 
     def queue_depth(self) -> int:
         """Operations and verifications waiting for a worker thread."""
