@@ -8,16 +8,19 @@ when a task is made and when it is graded.
 
 from __future__ import annotations
 
+import re
 import shlex
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sandboxes import Sandbox, SandboxError
+from sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
 
-from . import runners
+from . import integrity, runners
 from .backends import SandboxFactory, make_sandbox
 from .grading import JunitError, TestStatus, parse_junit
+from .pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
+from .pytest_runtime.bootstrap import START_FAILED
 from .task import EnvironmentConfig, Task, TestSpec
 
 LOG_LIMIT = 512 * 1024
@@ -37,6 +40,8 @@ class TestRun:
     timed_out: bool
     error: str | None = None
     applied: list[bool] = field(default_factory=list)
+    tampering: str | None = None
+    canaries: bool = False  # the run included a canary that must fail, so it must exit 1
 
     @property
     def passed(self) -> set[str]:
@@ -49,7 +54,10 @@ class TestRun:
     @property
     def consistent(self) -> bool:
         """pytest (like runtests.py and bin/test) exits 0 exactly when nothing failed; results that
-        say otherwise were tampered with, or the run broke after writing them."""
+        say otherwise were tampered with, or the run broke after writing them. With canaries, one
+        test always fails, so only exit status 1 is consistent."""
+        if self.canaries:
+            return bool(self.statuses) and self.exit_code == 1
         return bool(self.statuses) and ((self.exit_code == 0) == (not self.failed))
 
 
@@ -57,23 +65,104 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
               files: Sequence[str] = ()) -> TestRun:
     """Run ``tests`` (node ids or paths; the whole suite when empty) with ``spec``'s command.
 
-    pytest writes its results as junit XML to a path nothing in the sandbox can predict. Django's
-    and SymPy's runners are read from their verbose output (see :mod:`.runners`); ``files`` (the
-    files the task's test patch touches) are what they run when test ids do not name files.
+    pytest is started by patchgym's runtime (:mod:`.pytest_runtime`) so that nothing in the
+    repository changes how it runs, and writes its results twice — junit XML and patchgym's
+    reporter, both at paths nothing in the sandbox can predict — which must agree, as must two
+    canary tests (:mod:`.integrity`); a run that fails those checks has ``tampering`` set.
+    Django's and SymPy's runners are read from their verbose output (see :mod:`.runners`);
+    ``files`` (the files the task's test patch touches) are what they run when test ids do not
+    name files.
     """
     if spec.format != "pytest":
         return _run_logged(sandbox, spec, tests, files)
-    junit = f".patchgym-junit-{uuid.uuid4().hex}.xml"
-    command = (f"{spec.command} -rA --junitxml={junit} -o junit_family=xunit1 "
-               + " ".join(shlex.quote(t) for t in dict.fromkeys(tests))).rstrip()
+    nonce = uuid.uuid4().hex
+    junit, results, runtime = (f".patchgym-junit-{nonce}.xml", f".patchgym-results-{nonce}.jsonl",
+                               f".patchgym-rt-{nonce}")
+    requested = list(dict.fromkeys(tests))
+    canaries = integrity.make_canaries(requested) if requested else None
+    if canaries is not None:
+        sandbox.write_file(canaries.path, canaries.source)
+    invocation = pytest_invocation(spec.command)
+    if invocation is not None:
+        for name in RUNTIME_FILES:
+            sandbox.write_file(f"{runtime}/{name}", (RUNTIME_DIR / name).read_text())
+        env, python, args = invocation
+        start = f"{env}PATCHGYM_RESULTS={results} {python} -I -B {runtime}/bootstrap.py {args}".rstrip()
+    else:  # a command patchgym cannot take over (e.g. tox): junit and canaries only
+        start = spec.command
+    ids = requested + (canaries.ids if canaries else [])
+    command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
+               + " ".join(shlex.quote(t) for t in ids)).rstrip()
     result = sandbox.exec(command, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
-                  exit_code=result.exit_code, timed_out=result.timed_out)
-    try:
-        run.statuses = parse_junit(sandbox.read_file(junit))
-    except (OSError, JunitError) as exc:
-        run.error = f"no test results: {exc}" + (" (the test run timed out)" if result.timed_out else "")
+                  exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None)
+    if START_FAILED in result.output:
+        raise SandboxError(f"the test runner could not start: {result.output[-2000:]}")
+    junit_statuses = _read_results(sandbox, junit, run, parse_junit, "junit report")
+    record = (_read_results(sandbox, results, run, integrity.parse_record, "results")
+              if invocation is not None else None)
+    if run.tampering is None and not result.timed_out:
+        run.tampering = integrity.check_run(exit_code=result.exit_code, output=result.output,
+                                            junit=junit_statuses, record=record,
+                                            reporter=invocation is not None, requested=requested,
+                                            canaries=canaries)
+    if invocation is not None and (record is None or record.exit_code is None):
+        # The runner never returned (killed, timed out, or ended by the code under test): no
+        # result it wrote before that is evidence of anything.
+        run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
+                                                                      if result.timed_out else "")
+        return run
+    if junit_statuses is not None:
+        hidden = set(canaries.ids) if canaries else set()
+        run.statuses = {t: s for t, s in junit_statuses.items() if t not in hidden}
+    elif run.error is None:
+        run.error = "no test results" + (" (the test run timed out)" if result.timed_out else "")
     return run
+
+
+def _read_results(sandbox: Sandbox, path: str, run: TestRun, parse, what: str):
+    """Parse a results file the runner wrote, or None when there is none. A path that is not a
+    regular file (a symlink, a FIFO, a directory) was put there by the code under test."""
+    try:
+        data = sandbox.read_file(path)
+    except FileNotFoundError:
+        return None
+    except (PathOutsideWorkspaceError, IsADirectoryError):
+        run.tampering = run.tampering or f"the {what} is not a regular file"
+        return None
+    except OSError as exc:
+        run.error = f"cannot read the {what}: {exc}"
+        return None
+    try:
+        return parse(data if isinstance(data, str) else data.decode("utf-8", errors="replace"))
+    except JunitError as exc:
+        run.error = f"no test results: {exc}"
+        return None
+
+
+_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
+
+
+def pytest_invocation(command: str) -> tuple[str, str, str] | None:
+    """Split a pytest command into (environment assignments, interpreter, pytest arguments), each
+    shell-quoted, for ``python -m pytest ...``, ``pytest ...`` and ``py.test ...`` (with leading
+    ``VAR=value`` words); None for anything else."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    env = []
+    while words and _ENV_ASSIGNMENT.match(words[0]):
+        env.append(words.pop(0))
+    if len(words) >= 3 and _PYTHON.match(words[0]) and words[1:3] == ["-m", "pytest"]:
+        python, args = words[0], words[3:]
+    elif words and words[0] in ("pytest", "py.test"):
+        python, args = "python", words[1:]
+    else:
+        return None
+    prefix = "".join(shlex.quote(e) + " " for e in env)
+    return prefix, shlex.quote(python), " ".join(shlex.quote(a) for a in args)
 
 
 def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: Sequence[str]) -> TestRun:

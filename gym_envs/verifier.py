@@ -55,6 +55,8 @@ class InstanceReport(BaseModel):
     test_exit_code: int | None = None
     test_timed_out: bool = False
     results_consistent: bool = True
+    tampering_detected: bool = Field(False, description="the test results show signs of forgery (reward 0)")
+    tampering_reason: str | None = None
     missing_tests: list[str] = Field(default_factory=list)
     duration_seconds: float = 0.0
     test_output: str = Field("", exclude=True, description="the test run's log (written apart from the report)")
@@ -145,8 +147,12 @@ class Verifier:
         report.tests_status = g.tests_status
         report.missing_tests = g.missing
         report.results_consistent = run.consistent
-        report.resolved = g.resolved and report.results_consistent and not run.timed_out
-        if g.resolved and not report.results_consistent:
+        if run.tampering:
+            report.tampering_detected, report.tampering_reason = True, run.tampering
+            log.warning("%s: tampering detected: %s", task.instance_id, run.tampering)
+        report.resolved = (g.resolved and report.results_consistent and not run.timed_out
+                           and not report.tampering_detected)
+        if g.resolved and not report.results_consistent and not report.tampering_detected:
             report.error = f"test results contradict the runner's exit code {run.exit_code}"
 
 

@@ -35,7 +35,8 @@ def test_gold_resolves_and_reports_swebench_fields(verifier, calc_task):
     assert report.patch_exists and report.patch_successfully_applied and not report.patch_is_None
     assert report.tests_status["FAIL_TO_PASS"] == {"success": calc_task.FAIL_TO_PASS, "failure": []}
     assert report.tests_status["PASS_TO_PASS"]["failure"] == []
-    assert report.results_consistent and report.test_exit_code == 0
+    assert report.results_consistent and report.test_exit_code == 1  # the canary that must fail
+    assert not report.tampering_detected
     assert not report.infrastructure_failure
     data = report.swebench_dict()
     for key in ("patch_is_None", "patch_exists", "patch_successfully_applied", "resolved", "tests_status"):
@@ -182,6 +183,8 @@ class _ForgingSandbox:
         self.files[path] = data.encode() if isinstance(data, str) else data
 
     def read_file(self, path):
+        if path not in self.files:
+            raise FileNotFoundError(path)
         return self.files[path]
 
     def diff(self):
@@ -194,12 +197,13 @@ class _ForgingSandbox:
         pass
 
 
-def test_results_are_cross_checked_with_the_exit_code(calc_task):
-    trusted = Verifier(lambda t: _ForgingSandbox(0)).verify(calc_task, calc_task.patch)
-    assert trusted.resolved
-    forged = Verifier(lambda t: _ForgingSandbox(1)).verify(calc_task, calc_task.patch)
-    assert not forged.resolved and not forged.results_consistent
-    assert "contradict" in forged.error
+@pytest.mark.parametrize("exit_code", [0, 1])
+def test_a_junit_written_without_the_runner_is_not_believed(calc_task, exit_code):
+    """A command that writes a junit naming every test as passed, but never ran patchgym's
+    runner (so no results record, and the canaries 'pass' alike): tampering, reward 0."""
+    forged = Verifier(lambda t: _ForgingSandbox(exit_code)).verify(calc_task, calc_task.patch)
+    assert not forged.resolved and forged.reward == 0.0 and not forged.infrastructure_failure
+    assert forged.tampering_detected and "results file is missing" in forged.tampering_reason
 
 
 def test_split_and_filter_diffs():

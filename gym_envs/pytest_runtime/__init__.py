@@ -1,0 +1,18 @@
+"""The code patchgym runs *inside* a grading sandbox around pytest (standard library only).
+
+These modules are not imported by the harness: their source is copied into the sandbox and run by
+the task's interpreter (any Python from 3.8 on), so they must not import anything of patchgym's.
+
+* :mod:`bootstrap` starts pytest so that nothing the agent wrote can change how the tests run:
+  the runner and everything it imports are loaded before the repository is importable, stdlib and
+  runner module names always resolve to their installed copies, and plugins come only from
+  distributions installed in the environment.
+* :mod:`reporter` is a pytest plugin registered before any repository code runs; it writes every
+  test report, the session's end and the runner's exit status to a results file, which the harness
+  cross-checks with pytest's own junit XML and with canary tests (see :mod:`gym_envs.testrun`).
+"""
+
+from pathlib import Path
+
+RUNTIME_DIR = Path(__file__).parent
+RUNTIME_FILES = ("bootstrap.py", "reporter.py")

@@ -1,0 +1,155 @@
+"""Start pytest in a grading sandbox so that nothing in the repository changes how tests are run.
+
+Run as ``python -I -B bootstrap.py PYTEST_ARGS...`` from the repository root, with the results
+file's path in ``PATCHGYM_RESULTS``. ``-I`` keeps the script's directory, the working directory,
+``PYTHON*`` variables and the user's site-packages off ``sys.path``, so at first only the
+interpreter's and the environment's own directories are importable. Then, in this order:
+
+1. stdlib module names are pinned to the stdlib (a ``json.py`` or ``xml/`` in the repository can
+   never stand in for them, even after pytest puts the repository first on ``sys.path``);
+2. the results reporter is loaded and writes its first record;
+3. pytest, every ``_pytest`` module, and every top-level module of pytest's installed requirements
+   are imported, so their names are bound to the installed copies before the repository is
+   importable (a ``pytest/``, ``_pytest/`` or ``pluggy/`` package in the repository is never seen);
+4. pytest runs; its plugin auto-loading, ``-p`` options and the reporter all act before the
+   reporter's ``pytest_load_initial_conftests`` puts the repository root first on ``sys.path``
+   (what ``python -m pytest`` does), so entry points come only from installed distributions;
+5. the exit status is recorded, and is the process's exit status.
+
+Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
+"""
+
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import pkgutil
+import re
+import sys
+import sysconfig
+
+WORKSPACE = os.getcwd()
+HERE = os.path.dirname(os.path.abspath(__file__))
+START_FAILED = "patchgym-runtime: the test runner could not start:"
+# Names of the stdlib that repositories commonly use for packages of their own.
+NOT_PINNED = {"test", "tests"}
+
+
+def _stdlib_dirs():
+    paths = sysconfig.get_paths()
+    dirs = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)}
+    dynload = os.path.join(paths.get("platstdlib", ""), "lib-dynload")
+    if os.path.isdir(dynload):
+        dirs.add(os.path.realpath(dynload))
+    return sorted(dirs)
+
+
+def _stdlib_names(dirs):
+    names = set(getattr(sys, "stdlib_module_names", ()))
+    if not names:  # Python < 3.10: what the stdlib directories hold
+        for directory in dirs:
+            for info in pkgutil.iter_modules([directory]):
+                names.add(info.name)
+    names.update(sys.builtin_module_names)
+    return names - NOT_PINNED
+
+
+class StdlibFirst:
+    """A meta path finder that resolves stdlib top-level names from the stdlib directories only."""
+
+    def __init__(self):
+        self.dirs = _stdlib_dirs()
+        self.names = _stdlib_names(self.dirs)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if path is not None or fullname not in self.names:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, self.dirs)
+
+
+def _load_reporter():
+    spec = importlib.util.spec_from_file_location("patchgym_reporter", os.path.join(HERE, "reporter.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["patchgym_reporter"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _requirement_names(requires):
+    for line in requires or ():
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line)
+        if match:
+            yield match.group(1)
+
+
+def _top_level_modules(dist):
+    text = dist.read_text("top_level.txt")
+    if text:
+        return text.split()
+    names = set()
+    for item in dist.files or ():
+        parts = item.parts
+        if not parts or parts[0] in ("..", "__pycache__") or parts[0].endswith((".dist-info", ".egg-info")):
+            continue
+        if len(parts) == 1 and parts[0].endswith(".py"):
+            names.add(parts[0][:-3])
+        elif len(parts) > 1 and parts[-1] == "__init__.py":
+            names.add(parts[0])
+    return sorted(names)
+
+
+def _preload_runner():
+    """Import pytest and everything it is made of while only installed code is importable."""
+    import pytest  # noqa: F401
+    import _pytest
+
+    for info in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # optional parts (e.g. a Windows-only module)
+            pass
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8 has no importlib.metadata
+        return
+    seen, queue = set(), ["pytest"]
+    while queue:
+        name = queue.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except Exception:
+            continue
+        queue.extend(_requirement_names(dist.requires))
+        for module in _top_level_modules(dist):
+            try:
+                importlib.import_module(module)
+            except Exception:
+                pass
+
+
+def main():
+    results = os.environ.pop("PATCHGYM_RESULTS", None)
+    if not results:
+        sys.stderr.write(START_FAILED + " PATCHGYM_RESULTS is not set\n")
+        return 3
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(HERE)]
+    sys.meta_path.insert(0, StdlibFirst())
+    try:
+        reporter_module = _load_reporter()
+        reporter = reporter_module.Reporter(results, WORKSPACE)
+        _preload_runner()
+        import pytest
+    except Exception as exc:
+        sys.stderr.write("%s %s: %s\n" % (START_FAILED, type(exc).__name__, exc))
+        return 3
+    code = int(pytest.main(sys.argv[1:], plugins=[reporter]))
+    reporter.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
