@@ -9,8 +9,8 @@ It cannot do so *quietly* here:
   and the reporter's record must be complete: ``start``, every test phase once, ``finish``, and an
   ``exit`` status equal to the process's. A runner ended early, a test reported twice, or a file
   that is not a regular file cannot pass.
-* **Canaries.** Two tests with random names, written beside the hidden tests just before the run:
-  one must pass and one must fail. Forcing every outcome to "passed" passes the failing canary;
+* **Canaries.** Two tests with random names, appended to a hidden test module just before the
+  run: one must pass and one must fail. Forcing every outcome to "passed" passes the failing canary;
   failing the whole run fails the passing one. Code under test would have to tell canaries from
   the hidden tests, whose names it has never seen.
 
@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
-
 from .grading import TestStatus, lookup
 
 PASSING = (TestStatus.PASSED, TestStatus.XFAIL)
@@ -37,7 +35,7 @@ _WORDS = ("parse", "render", "value", "range", "width", "table", "entry", "token
 
 @dataclass(frozen=True)
 class Canaries:
-    """A test module with one test that must pass and one that must fail, at an unpredictable path."""
+    """One test that must pass and one that must fail, with random names, appended to ``path``."""
 
     path: str
     must_pass: str
@@ -48,22 +46,28 @@ class Canaries:
     def ids(self) -> list[str]:
         return [self.must_pass, self.must_fail]
 
+    def written_into(self, existing: bytes | None) -> bytes:
+        """The file's new content: its own (the hidden tests), then the canaries."""
+        if not existing:
+            return self.source.encode()
+        sep = b"\n\n\n" if existing.endswith(b"\n") else b"\n\n\n\n"
+        return existing + sep + self.source.encode()
+
 
 def _name() -> str:
     return f"test_{secrets.choice(_WORDS)}_{secrets.choice(_WORDS)}_{secrets.token_hex(3)}"
 
 
 def make_canaries(tests: list[str]) -> Canaries:
-    """Canaries in the directory of the first requested test's file (the hidden tests' own
-    directory, where its conftest files apply to them alike)."""
+    """Canaries for a run of ``tests``, in the first requested test's own file: the hidden tests'
+    module, so that neither their file nor their node ids tell them apart (a new module in the
+    same directory when no test names a Python file)."""
     first = next((t.split("::", 1)[0] for t in tests if "::" in t), "")
-    directory = PurePosixPath(first).parent if first.endswith(".py") else PurePosixPath(".")
-    module = _name()
+    path = first if first.endswith(".py") else f"{_name()}.py"
     passing, failing = _name(), _name()
     a, b = secrets.randbelow(900) + 100, secrets.randbelow(900) + 100
     source = (f"def {passing}():\n    assert {a} * {b} == {a * b}\n\n\n"
               f"def {failing}():\n    assert {a} + {b} == {a + b + 1 + secrets.randbelow(9)}\n")
-    path = str(directory / f"{module}.py") if str(directory) != "." else f"{module}.py"
     return Canaries(path, f"{path}::{passing}", f"{path}::{failing}", source)
 
 

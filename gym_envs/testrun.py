@@ -81,7 +81,11 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     requested = list(dict.fromkeys(tests))
     canaries = integrity.make_canaries(requested) if requested else None
     if canaries is not None:
-        sandbox.write_file(canaries.path, canaries.source)
+        try:
+            existing: bytes | None = sandbox.read_file(canaries.path)
+        except FileNotFoundError:
+            existing = None
+        sandbox.write_file(canaries.path, canaries.written_into(existing))
     invocation = pytest_invocation(spec.command)
     if invocation is not None:
         for name in RUNTIME_FILES:
@@ -96,11 +100,11 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     result = sandbox.exec(command, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None)
-    if START_FAILED in result.output:
-        raise SandboxError(f"the test runner could not start: {result.output[-2000:]}")
     junit_statuses = _read_results(sandbox, junit, run, parse_junit, "junit report")
     record = (_read_results(sandbox, results, run, integrity.parse_record, "results")
               if invocation is not None else None)
+    if invocation is not None and record is None and START_FAILED in result.output:
+        _check_runner_starts(sandbox, invocation[1])
     if run.tampering is None and not result.timed_out:
         run.tampering = integrity.check_run(exit_code=result.exit_code, output=result.output,
                                             junit=junit_statuses, record=record,
@@ -118,6 +122,16 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     elif run.error is None:
         run.error = "no test results" + (" (the test run timed out)" if result.timed_out else "")
     return run
+
+
+def _check_runner_starts(sandbox: Sandbox, python: str) -> None:
+    """The runner printed that it could not start, and wrote no results. Code under test can print
+    that line too (and delete the results file), and an agent must never get its sample masked:
+    so the failure is infrastructure only if pytest cannot be imported with the repository out of
+    the way, which nothing the agent wrote can cause."""
+    probe = sandbox.exec(f"cd / && {python} -I -c 'import pytest'", timeout=120)
+    if not probe.ok:
+        raise SandboxError(f"the test environment cannot import pytest: {probe.output[-2000:]}")
 
 
 def _read_results(sandbox: Sandbox, path: str, run: TestRun, parse, what: str):

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from sandboxes import Sandbox, SandboxError
+from sandboxes.gitops import SAFE_GIT
 
 from .backends import SandboxFactory, make_sandbox
 from .grading import grade
@@ -132,7 +133,12 @@ class Verifier:
         report.patch_successfully_applied = True
         # An empty test patch (synthesized tasks: the hidden tests are the existing ones) applies nothing.
         if task.test_patch.strip() and apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
-            raise SandboxError("the task's test patch does not apply (the task is broken)")
+            if not _applies_to_base(sandbox, task.test_patch):
+                raise SandboxError("the task's test patch does not apply (the task is broken)")
+            # It applies to the base commit, so the agent's change is what stands in its way.
+            report.patch_successfully_applied = False
+            report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
+            return
         self._run_tests(sandbox, task, report)
 
     def _run_tests(self, sandbox: Sandbox, task: Task, report: InstanceReport) -> None:
@@ -154,6 +160,15 @@ class Verifier:
                            and not report.tampering_detected)
         if g.resolved and not report.results_consistent and not report.tampering_detected:
             report.error = f"test results contradict the runner's exit code {run.exit_code}"
+
+
+def _applies_to_base(sandbox: Sandbox, patch: str) -> bool:
+    """Whether ``patch`` applies to the base commit: the index, which ``git apply`` of the
+    agent's patch left untouched (the work tree has the agent's change)."""
+    sandbox.write_file(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
+    result = sandbox.exec(f"{SAFE_GIT} apply --cached --check {PATCH_FILE}; s=$?; rm -f {PATCH_FILE}; exit $s",
+                          timeout=120)
+    return result.ok
 
 
 def apply_patch(sandbox: Sandbox, patch: str, *, fuzzy: bool = True) -> str | None:

@@ -76,7 +76,10 @@ def _load_reporter():
 
 
 def _requirement_names(requires):
+    """Names of the requirements a distribution always needs (not those of its extras)."""
     for line in requires or ():
+        if "extra" in line.partition(";")[2]:
+            continue
         match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line)
         if match:
             yield match.group(1)
