@@ -54,14 +54,15 @@ def _verifier(backend: str, isolation: str) -> Verifier:
     return verifier
 
 
-def _reap(*, docker: bool, everything: bool = False) -> dict[str, int]:
-    """Remove what dead processes left: local sandboxes and cgroups, and patchgym's containers."""
+def _reap(*, docker: bool, every_owner: bool = False) -> dict[str, int]:
+    """Remove what dead processes left: local sandboxes and cgroups, and patchgym's containers
+    (with ``every_owner``, also those of live processes and of other hosts sharing the engine)."""
     removed = {"local": reap_stale(), "docker": 0}
     if docker:
         from sandboxes.docker import gc_containers
 
         try:
-            removed["docker"] = len(gc_containers(include_live_owners=everything))
+            removed["docker"] = len(gc_containers(include_live_owners=every_owner, other_hosts=every_owner))
         except SandboxError as exc:
             fail(str(exc))
     return removed
@@ -70,13 +71,15 @@ def _reap(*, docker: bool, everything: bool = False) -> dict[str, int]:
 @sandboxes_app.command("gc")
 def sandboxes_gc(
     docker: Annotated[bool, typer.Option("--docker/--no-docker", help="Also remove patchgym's containers.")] = True,
-    everything: Annotated[bool, typer.Option("--all", help="Containers of live processes too.")] = False,
+    every_owner: Annotated[bool, typer.Option(
+        "--all", help="Every patchgym container: also those of live processes and of other hosts.")] = False,
 ) -> None:
     """Remove sandboxes, cgroups and containers whose owning process is gone (never anything
-    without patchgym's label)."""
+    without patchgym's label). Containers owned by other hosts sharing the Docker engine are left
+    alone unless --all: this host cannot tell whether their owners still run."""
     from sandboxes.docker import docker_available
 
-    removed = _reap(docker=docker and docker_available(), everything=everything)
+    removed = _reap(docker=docker and docker_available(), every_owner=every_owner)
     out.print(f"removed {removed['local']} local leftovers and {removed['docker']} containers")
 
 

@@ -11,6 +11,7 @@ from .base import (
     Sandbox,
     SandboxClosedError,
     SandboxError,
+    WorkspaceError,
 )
 from .environments import EnvironmentSpec
 from .limits import ResourceLimits
@@ -20,5 +21,5 @@ from .reaper import reap_stale
 __all__ = [
     "EnvironmentBuildError", "EnvironmentSpec", "ExecResult", "LocalSandbox",
     "PathOutsideWorkspaceError", "ResourceLimits", "Sandbox", "SandboxClosedError", "SandboxError",
-    "SandboxSpec", "reap_stale",
+    "SandboxSpec", "WorkspaceError", "reap_stale",
 ]

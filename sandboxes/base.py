@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 from .files import PathOutsideWorkspaceError
 
 __all__ = ["EnvironmentBuildError", "ExecResult", "PathOutsideWorkspaceError", "Sandbox", "SandboxClosedError",
-           "SandboxError"]
+           "SandboxError", "WorkspaceError"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,15 @@ class SandboxClosedError(SandboxError):
     """An operation was attempted on a sandbox after ``close()``."""
 
 
+class WorkspaceError(Exception):
+    """The agent left its workspace in a state no patch can be read from (the reason says why).
+
+    Deliberately not a :class:`SandboxError`: that one means infrastructure failure, which a trainer
+    masks, and nothing an agent does to its own workspace may get its sample masked. This is the
+    agent's failure.
+    """
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """A repository workspace at a base commit where untrusted commands run.
@@ -85,7 +94,11 @@ class Sandbox(Protocol):
         ...
 
     def diff(self) -> str:
-        """The workspace's change against ``base_commit`` as a git diff (new files included)."""
+        """The workspace's change against ``base_commit`` as a git diff (new files included).
+
+        Computed by the harness with a git directory the agent cannot reach; raises
+        :class:`WorkspaceError` when the workspace cannot be expressed as a patch (too large, a
+        tracked path replaced by a FIFO, ...)."""
         ...
 
     def reset(self) -> None:

@@ -1,31 +1,310 @@
-"""Git operations on an agent-controlled workspace, run *inside* the sandbox.
+"""The workspace's diff, computed by the harness with a git directory the agent cannot touch.
 
-Git in an agent-controlled repository can run agent-chosen programs (hooks, fsmonitor, external
-diff drivers, filters), so it never runs on the host: these helpers only use the sandbox protocol
-and work with every backend.
+Pure standard library: the Docker backend runs this same module inside its containers, as root.
+
+The agent owns its workspace, ``.git`` included: it can delete or chmod it, plant hooks, an
+fsmonitor, filters or a ``.gitattributes`` that changes what git hashes, nested repositories that
+git would record as submodules, FIFOs that block a reader, symlinks out of the tree. So git never
+walks or reads the workspace here. Python walks it (without following a symlink, skipping every
+``.git``), reads only regular files it has just checked (and checks again, by inode, once open),
+and hashes them and their trees itself into one pack in a scratch git directory whose alternates
+are the pristine checkout's objects; git then only diffs that tree against the base commit, with
+no hooks, attributes, filters, external diff or configuration. The one git command that looks at
+the tree is ``check-ignore`` (the repository's ``.gitignore`` rules decide which new files count;
+git does not follow a symlinked ``.gitignore``), and the walk has already refused any
+``.gitignore`` that is not a regular file or a symlink. Nothing of the agent's runs meanwhile:
+both backends kill every process a command started when it ends.
+
+Files whose ``lstat`` (inode, size, mode, mtime and ctime, which no one can set back) is what it
+was in the pristine state keep their pristine blob without being read, so a diff costs a walk plus
+the bytes actually changed.
 """
 
 from __future__ import annotations
 
-from .base import Sandbox, SandboxError
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from .base import SandboxError, WorkspaceError
+
+DIFF_LIMIT = 256 << 20
+MAX_CHANGED_FILES = 100_000  # no patch of a repository touches more; each costs time whatever its size
+MAX_DEPTH = 256
+GIT_TIMEOUT = 300.0
+# Written to the checkout's .git/info/exclude so bytecode and caches never show up in diffs.
+EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n.patchgym-*\n*.egg-info/\n"
+# The highest-precedence attributes file: whatever an in-tree .gitattributes says, every path is
+# diffed as plain bytes (binary detection by content, no conversion, no driver).
+ATTRIBUTES = "* !text !eol !crlf !ident !filter !diff !merge !working-tree-encoding !binary\n"
+SAFE_CONFIG = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.attributesFile=/dev/null",
+               "-c", "core.excludesFile=/dev/null", "-c", "diff.external=", "-c", "core.pager=cat",
+               "-c", "core.symlinks=true", "-c", "core.protectNTFS=false", "-c", "core.protectHFS=false")
+GITLINK = b"160000"
+TREE_MODE = b"40000"
+TREE, BLOB = 2, 3  # pack object types
+OBJECT_NAMES = {TREE: b"tree", BLOB: b"blob"}
+# For git commands that callers run inside a sandbox (in the agent's reach, so without its hooks,
+# fsmonitor or diff drivers).
 SAFE_GIT = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= "
             "-c core.pager=cat")
-DIFF_LIMIT = 256 << 20
+
+StatKey = tuple[int, int, int, int, int]
 
 
-def workspace_diff(sandbox: Sandbox) -> str:
-    """The workspace's change against the base commit, new files included.
+def stat_key(st: os.stat_result) -> StatKey:
+    return (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-    A throwaway index is used so the agent's own index (what it staged) is left alone.
+
+@dataclass
+class Pristine:
+    """The base the diff is taken against: the pristine checkout's git directory (read, never
+    written), the base commit, its index entries, and the ``lstat`` of each tracked file in a tree
+    known to be pristine (the checkout itself under an overlay, or the workspace right after a
+    fresh copy)."""
+
+    git_dir: Path
+    base: str
+    entries: dict[bytes, tuple[bytes, bytes]] = field(default_factory=dict)  # path -> (mode, sha)
+    stats: dict[bytes, StatKey] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, git_dir: Path) -> Pristine:
+        """Read the pristine checkout's ``HEAD`` (the base commit) and index."""
+        base = _git(["rev-parse", "--verify", "HEAD^{commit}"], git_dir=git_dir, index=git_dir / "index")
+        out = _git(["ls-files", "-s", "-z"], git_dir=git_dir, index=git_dir / "index")
+        entries = {}
+        for record in out.split(b"\0"):
+            if record:
+                meta, _, path = record.partition(b"\t")
+                mode, sha, _stage = meta.split(b" ")
+                entries[path] = (mode, sha)
+        return cls(git_dir, base.strip().decode(), entries)
+
+    def snapshot(self, tree: Path) -> None:
+        """Record the ``lstat`` of every tracked file as it is in ``tree`` (a pristine tree)."""
+        root = os.fsencode(tree)
+        self.stats = {}
+        for path in self.entries:
+            try:
+                self.stats[path] = stat_key(os.lstat(os.path.join(root, path)))
+            except OSError:
+                pass
+
+
+def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int = DIFF_LIMIT) -> str:
+    """The workspace's change against the base commit as a git diff (binary patches included).
+
+    Raises :class:`WorkspaceError` when the workspace cannot be expressed as a patch of at most
+    ``limit`` bytes, :class:`SandboxError` when git itself fails on what the harness gave it.
     """
-    script = (
-        'export GIT_INDEX_FILE="$(mktemp -u)"; trap \'rm -f "$GIT_INDEX_FILE"\' EXIT; '
-        f'out="$({SAFE_GIT} add -A . 2>&1)" || {{ echo "$out" | tail -20; exit 1; }}; '
-        f"{SAFE_GIT} diff --cached --binary --no-color --no-ext-diff {sandbox.base_commit}"
-    )
-    result = sandbox.exec(script, timeout=300, output_limit=DIFF_LIMIT)
-    if not result.ok or result.truncated:
-        reason = "it is too large" if result.truncated else result.output[-2000:]
-        raise SandboxError(f"could not compute the workspace diff: {reason}")
-    return result.output
+    files, special = _walk(workspace, pristine)
+    for path in special:
+        if os.path.basename(path) == b".gitignore":
+            raise WorkspaceError(f"{_show(path)} is not a regular file")
+    keep: list[tuple[bytes, bytes, bytes]] = []  # (mode, sha, path) taken as they are
+    changed: list[bytes] = []
+    for path, (mode, sha) in pristine.entries.items():
+        st = files.get(path)
+        if mode == GITLINK:
+            keep.append((mode, sha, path))
+        elif st is not None and stat_key(st) == pristine.stats.get(path):
+            keep.append((mode, sha, path))
+        elif st is not None:
+            changed.append(path)
+        elif path in special:
+            raise WorkspaceError(f"{_show(path)} is not a regular file, a symbolic link or a directory")
+    new = [p for p in files if p not in pristine.entries]
+    if not changed and not new and len(keep) == len(pristine.entries):
+        return ""  # the hot path of an untouched workspace: a walk and no git at all
+    scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-diff-", dir=scratch_parent))  # the reaper's naming
+    try:
+        git_dir = _scratch_git_dir(scratch, pristine.git_dir)
+        changed += _not_ignored(new, workspace, git_dir)
+        if len(changed) > MAX_CHANGED_FILES:
+            raise WorkspaceError(f"the workspace diff has more than {MAX_CHANGED_FILES} new and changed files "
+                                 f"({len(changed)})")
+        total = sum(files[p].st_size for p in changed)
+        if total > limit:
+            raise WorkspaceError(f"the workspace diff is larger than {limit >> 20} MiB "
+                                 f"({total} bytes of new and changed files)")
+        objects: dict[bytes, tuple[int, bytes]] = {}  # sha -> (pack type, content)
+        top = os.fsencode(workspace)
+        for path in changed:
+            mode, data = _read_entry(top, path, files[path])
+            keep.append((mode, _object(objects, BLOB, data), path))
+        tree = _object_tree(objects, keep)
+        _store(objects, git_dir)
+        diff = _git(["diff-tree", "-r", "-p", "--binary", "--no-color", "--no-ext-diff", "--no-textconv",
+                     pristine.base, tree.decode()], git_dir=git_dir, index=scratch / "index", limit=limit)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return diff.decode("utf-8", errors="replace")
+
+
+def _walk(workspace: Path, pristine: Pristine) -> tuple[dict[bytes, os.stat_result], set[bytes]]:
+    """Every regular file and symlink under ``workspace`` by relative path, and the other
+    non-directories; never following a symlink, never entering a ``.git`` (no git path may
+    contain one) or a submodule of the pristine tree."""
+    gitlinks = {p for p, (mode, _) in pristine.entries.items() if mode == GITLINK}
+    files: dict[bytes, os.stat_result] = {}
+    special: set[bytes] = set()
+    top = os.fsencode(workspace)
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            raise WorkspaceError("the workspace is not a directory")
+    except FileNotFoundError:
+        raise WorkspaceError("the workspace is gone") from None
+    stack: list[tuple[bytes, int]] = [(b"", 0)]
+    while stack:
+        rel, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise WorkspaceError(f"directories are nested more than {MAX_DEPTH} deep at {_show(rel)}")
+        try:
+            entries = list(os.scandir(os.path.join(top, rel) if rel else top))
+        except OSError as exc:
+            raise WorkspaceError(f"cannot list {_show(rel) or 'the workspace'}: {exc.strerror}") from None
+        for entry in entries:
+            if entry.name.lower() == b".git":
+                continue
+            path = os.path.join(rel, entry.name) if rel else entry.name
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if path not in gitlinks:
+                    stack.append((path, depth + 1))
+            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                files[path] = st
+            else:
+                special.add(path)
+    return files, special
+
+
+def _not_ignored(paths: list[bytes], workspace: Path, git_dir: Path) -> list[bytes]:
+    """``paths`` less those the repository's ignore rules (``.gitignore``, info/exclude) exclude."""
+    if not paths:
+        return []
+    out = _git(["check-ignore", "--no-index", "-z", "--stdin"], git_dir=git_dir, index=git_dir / "no-index",
+               work_tree=workspace, stdin=b"\0".join(paths) + b"\0", ok_codes=(0, 1))
+    ignored = set(out.split(b"\0"))
+    return [p for p in paths if p not in ignored]
+
+
+def _read_entry(workspace: bytes, path: bytes, walked: os.stat_result) -> tuple[bytes, bytes]:
+    """The git mode and blob content of a file or symlink, checking it is still what the walk saw."""
+    full = workspace + b"/" + path
+    if stat.S_ISLNK(walked.st_mode):
+        target = os.readlink(full)
+        if stat_key(os.lstat(full)) != stat_key(walked):
+            raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
+        return b"120000", target
+    mode = b"100755" if walked.st_mode & stat.S_IXUSR else b"100644"
+    if walked.st_size == 0:
+        return mode, b""
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkspaceError(f"cannot read {_show(path)}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (walked.st_dev, walked.st_ino) or not stat.S_ISREG(st.st_mode):
+            raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
+        chunks, remaining = [], walked.st_size + 1
+        while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 24))):
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) != walked.st_size:
+        raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
+    return mode, data
+
+
+def _object(objects: dict[bytes, tuple[int, bytes]], kind: int, data: bytes) -> bytes:
+    """Add a git object (hashed as is: no filter or conversion applies); its hex sha."""
+    sha = hashlib.sha1(b"%s %d\0" % (OBJECT_NAMES[kind], len(data)) + data).hexdigest().encode()
+    objects.setdefault(sha, (kind, data))
+    return sha
+
+
+def _object_tree(objects: dict[bytes, tuple[int, bytes]], entries: list[tuple[bytes, bytes, bytes]]) -> bytes:
+    """Add the tree objects of ``entries`` (mode, sha, path); the root tree's sha."""
+    dirs: dict[bytes, dict[bytes, tuple[bytes, bytes]]] = {b"": {}}  # directory -> name -> (mode, sha)
+    for mode, sha, path in entries:
+        parent, _, name = path.rpartition(b"/")
+        dirs.setdefault(parent, {})[name] = (mode, sha)
+    for directory in list(dirs):
+        while directory:
+            directory = directory.rpartition(b"/")[0]
+            dirs.setdefault(directory, {})
+    for directory in sorted(dirs, key=lambda d: d.count(b"/") + bool(d), reverse=True):  # children first
+        items = dirs[directory]
+        # git orders a tree by name, taking a directory's name with a trailing slash
+        order = sorted(items, key=lambda n: n + b"/" if items[n][0] == TREE_MODE else n)
+        sha = _object(objects, TREE, b"".join(b"%s %s\0%s" % (items[n][0], n, bytes.fromhex(items[n][1].decode()))
+                                              for n in order))
+        if not directory:
+            return sha
+        parent, _, name = directory.rpartition(b"/")
+        dirs[parent][name] = (TREE_MODE, sha)
+    raise AssertionError("unreachable: the root is always last")
+
+
+def _store(objects: dict[bytes, tuple[int, bytes]], git_dir: Path) -> None:
+    """Write ``objects`` into ``git_dir`` as one pack (``git index-pack`` checks and indexes it):
+    one file however many objects, where loose objects would cost a file each."""
+    pack = [b"PACK", (2).to_bytes(4, "big"), len(objects).to_bytes(4, "big")]
+    for kind, data in objects.values():
+        size = len(data)
+        header = bytearray([(kind << 4) | (size & 0x0F)])
+        size >>= 4
+        while size:
+            header[-1] |= 0x80
+            header.append(size & 0x7F)
+            size >>= 7
+        pack += [bytes(header), zlib.compress(data, 1)]
+    body = b"".join(pack)
+    _git(["index-pack", "--stdin"], git_dir=git_dir, index=git_dir / "index", stdin=body + hashlib.sha1(body).digest())
+
+
+def _scratch_git_dir(scratch: Path, pristine_git: Path) -> Path:
+    """A throwaway bare git directory that reads the pristine objects and writes its own."""
+    git_dir = scratch / "git"
+    for sub in ("objects/info", "refs", "info"):
+        (git_dir / sub).mkdir(parents=True)
+    (git_dir / "HEAD").write_text("ref: refs/heads/main\n")
+    (git_dir / "objects" / "info" / "alternates").write_text(f"{(pristine_git / 'objects').resolve()}\n")
+    (git_dir / "info" / "exclude").write_text(EXCLUDES)
+    (git_dir / "info" / "attributes").write_text(ATTRIBUTES)
+    return git_dir
+
+
+def _git(args: list[str], *, git_dir: Path, index: Path, work_tree: Path | None = None, stdin: bytes = b"",
+         ok_codes: tuple[int, ...] = (0,), limit: int | None = None) -> bytes:
+    """Run git with no configuration but ours, on ``git_dir``; its stdout (at most ``limit`` bytes)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_DIR": str(git_dir), "GIT_INDEX_FILE": str(index),
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1",
+           "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "HOME": str(git_dir), "LC_ALL": "C"}
+    if work_tree is not None:
+        env["GIT_WORK_TREE"] = str(work_tree)
+    # Pipes, not temporary files: in a container the default temporary directory is the agent's.
+    try:
+        proc = subprocess.run(["git", *SAFE_CONFIG, *args], input=stdin, capture_output=True, env=env,
+                              cwd=work_tree or git_dir, timeout=GIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"git {args[0]} timed out after {GIT_TIMEOUT:.0f}s") from None
+    if proc.returncode not in ok_codes:
+        raise SandboxError(f"git {args[0]} failed: {proc.stderr[-2000:].decode(errors='replace').strip()}")
+    if limit is not None and len(proc.stdout) > limit:
+        raise WorkspaceError(f"the workspace diff is larger than {limit >> 20} MiB")
+    return proc.stdout
+
+
+def _show(path: bytes) -> str:
+    return os.fsdecode(path)

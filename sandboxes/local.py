@@ -1,30 +1,35 @@
 """The embedded default backend: a workspace on this host, isolated with bubblewrap when possible.
 
-Each sandbox owns a directory with the workspace (a copy of the pristine checkout) and its own
-``/tmp``; commands run in fresh namespaces (no network, read-only host, private /tmp) inside the
-sandbox's cgroups. Without bubblewrap the same commands run as plain processes, with a warning:
-that mode bounds resources and cleans up, but it does not contain hostile code.
+Each sandbox owns a directory with the workspace and its own ``/tmp``. As root it is a tmpfs
+bounded by ``disk_bytes``/``disk_files``, and the workspace an overlay of the shared pristine
+checkout (see ``mounts.py``); elsewhere the workspace is a copy and the disk is not bounded (a
+warning says so). Commands run in fresh namespaces (no network, read-only host, private /tmp)
+inside the sandbox's cgroups. Without bubblewrap the same commands run as plain processes, with a
+warning: that mode bounds resources and cleans up, but it does not contain hostile code.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import threading
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from .base import ExecResult, SandboxClosedError, SandboxError
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
 from .files import read_regular, resolve_in_workspace, write_regular
-from .gitops import workspace_diff
+from .gitops import Pristine, workspace_diff
 from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
+from .mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
 from .output import DEFAULT_OUTPUT_LIMIT
 from .paths import cache_dir
-from .process import run_capped
+from .process import ProcessLimitWatch, run_capped
 from .reaper import owned_name
 from .repos import copy_checkout, pristine_checkout
 
@@ -32,6 +37,7 @@ log = logging.getLogger(__name__)
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _warned_unisolated = False
+_warned_unbounded = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,9 @@ class LocalSandbox:
             raise SandboxError("bubblewrap isolation was required but bwrap is not usable here")
         if not self.isolated and isolation == "auto":
             _warn_unisolated()
+        self.disk_bounded = quota_unavailable_reason() is None
+        if not self.disk_bounded:
+            _warn_unbounded()
         self._lock = threading.RLock()
         self._closed = False
         self.id = owned_name(uuid.uuid4().hex[:12])
@@ -82,6 +91,7 @@ class LocalSandbox:
         self._bwrap_prefix: list[str] | None = None
         try:
             self._template = pristine_checkout(spec.repo, spec.base_commit)
+            self._pristine = _pristine(self._template)
             self.env: BuiltEnvironment = ensure_environment(
                 spec.environment, checkout=self._template,
                 checkout_id=f"{spec.repo}@{spec.base_commit}", run_install=self._run_install_step,
@@ -120,9 +130,11 @@ class LocalSandbox:
                 if self._bwrap_prefix is not None:
                     # The shell inside the sandbox writes one byte to this pipe before the command
                     # runs: without it, a failure is bubblewrap's own (infrastructure), whatever
-                    # the output says; with it, it is the command's.
-                    started = f"printf S >&{status_write} && exec {status_write}>&-\n{command}"
-                    argv = with_command(self._bwrap_prefix, full_env, ["bash", "-c", started], run_cwd)
+                    # the output says; with it, it is the command's. The shell, not bubblewrap,
+                    # enters the working directory: one the agent made unreadable fails its command.
+                    started = (f"printf S >&{status_write} && exec {status_write}>&-\n"
+                               f"cd -- {shlex.quote(run_cwd)} || exit 1\n{command}")
+                    argv = with_command(self._bwrap_prefix, full_env, ["bash", "-c", started], "/")
                     host_cwd = None
                 else:
                     host_cwd = run_cwd
@@ -131,6 +143,7 @@ class LocalSandbox:
                         launcher(self.limits, self._group) + argv, timeout=timeout,
                         output_limit=output_limit or DEFAULT_OUTPUT_LIMIT, cwd=host_cwd, env=full_env,
                         kill_tree=self._kill_tree, pass_fds=(status_write,) if status_write >= 0 else (),
+                        watchdog=self._watchdog(),
                     )
                 except FileNotFoundError as exc:
                     raise SandboxError(f"cannot run command: {exc}") from exc
@@ -159,16 +172,15 @@ class LocalSandbox:
                           (SANDBOX_WORKDIR,))
 
     def diff(self) -> str:
-        return workspace_diff(self)
+        with self._lock:
+            self._check_open()
+            return workspace_diff(self.workspace, self._pristine, cache_dir("builds"))
 
     def reset(self) -> None:
         with self._lock:
             self._check_open()
             self._kill_tree(None)
-            shutil.rmtree(self.workspace, ignore_errors=True)
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            if self.workspace.exists() or self.tmp.exists():
-                raise SandboxError(f"could not clear sandbox {self.id}")
+            self._clear()
             self._fill()
 
     def close(self) -> None:
@@ -178,7 +190,7 @@ class LocalSandbox:
             self._closed = True
             if self._group is not None:
                 self._group.destroy()
-            shutil.rmtree(self.root, ignore_errors=True)
+            remove_tree(self.root)
 
     def __enter__(self) -> LocalSandbox:
         return self
@@ -195,9 +207,36 @@ class LocalSandbox:
     # -- internals ------------------------------------------------------------------------
 
     def _fill(self) -> None:
-        copy_checkout(self._template, self.workspace)
+        """Lay out a pristine workspace and an empty /tmp: on a fresh bounded tmpfs, the checkout
+        under an overlay; else a copy (whose lstat the diff then takes as pristine)."""
+        if self.disk_bounded:
+            try:
+                mount_tmpfs(self.root, self.limits.disk_bytes, self.limits.disk_files)
+                for name in ("upper", "work", "testbed"):
+                    (self.root / name).mkdir()
+                mount_overlay(self._template, self.root / "upper", self.root / "work", self.workspace)
+            except OSError as exc:
+                raise SandboxError(f"cannot mount the workspace of sandbox {self.id}: {exc}") from None
+        else:
+            copy_checkout(self._template, self.workspace)
+            self._pristine = _pristine(self._template, snapshot=self.workspace)
         self.tmp.mkdir(mode=0o1777)
         os.chmod(self.tmp, 0o1777)
+
+    def _clear(self) -> None:
+        if self.disk_bounded:
+            cleared = unmount_all(self.root)  # the tmpfs goes, and all that was written with it
+        else:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            cleared = not (self.workspace.exists() or self.tmp.exists())
+        if not cleared:
+            raise SandboxError(f"could not clear sandbox {self.id}")
+
+    def _watchdog(self) -> ProcessLimitWatch | None:
+        if self._group is None or not self._group.active:
+            return None
+        return ProcessLimitWatch(self._group.dirs["pids"])
 
     def _kill_tree(self, proc) -> None:
         if self._group is not None and self._group.active:
@@ -257,6 +296,24 @@ class LocalSandbox:
         return str(Path(self.workdir) / rel) if str(rel) != "." else self.workdir
 
 
+@lru_cache(maxsize=64)
+def _template_pristine(template: Path) -> Pristine:
+    pristine = Pristine.load(template / ".git")
+    pristine.snapshot(template)  # under an overlay, unchanged files keep the lower file's lstat
+    return pristine
+
+
+def _pristine(template: Path, *, snapshot: Path | None = None) -> Pristine:
+    """The diff's base for a sandbox of ``template``; with ``snapshot``, pristine stats taken from
+    that fresh copy instead of the checkout."""
+    shared = _template_pristine(template)
+    if snapshot is None:
+        return shared
+    own = Pristine(shared.git_dir, shared.base, shared.entries)
+    own.snapshot(snapshot)
+    return own
+
+
 def _read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 65536):
@@ -267,6 +324,14 @@ def _read_all(fd: int) -> bytes:
 def _pip_config_dirs() -> list[Path]:
     home = Path.home()
     return [home / ".config" / "pip", home / ".pip", home / ".cache" / "pip"]
+
+
+def _warn_unbounded() -> None:
+    global _warned_unbounded
+    if not _warned_unbounded:
+        _warned_unbounded = True
+        log.warning("local sandboxes cannot mount a bounded tmpfs and overlay here (%s): workspaces are "
+                    "plain copies and the disk they use is NOT bounded", quota_unavailable_reason())
 
 
 def _warn_unisolated() -> None:

@@ -3,7 +3,8 @@
 Hangs are the field's most reported failure after leaks: commands that read stdin, background
 children that keep the output pipe open, pipes nobody drains. Here stdin is /dev/null, the pipe is
 drained continuously into a bounded buffer, and when the main process exits (or the deadline
-passes) every process left in its tree is killed, so reading always reaches end-of-file.
+passes) every process left in its tree is killed, so reading always reaches end-of-file. A
+``watchdog`` polled while the command runs can end it early, for a reason printed in its output.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from .base import ExecResult
 from .output import CappedOutput
 
 KillTree = Callable[[subprocess.Popen], None]
+Watchdog = Callable[[], "str | None"]  # a reason to kill the command now, or None
 
 
 PF_EXITING = 0x4  # kernel task flag: the process is past the point of no return in exit()
@@ -42,6 +45,70 @@ def kill_process_group(proc: subprocess.Popen) -> None:
         pass
 
 
+class ProcessLimitWatch:
+    """A :data:`Watchdog` that fires when a pids cgroup stays at its limit (a fork bomb).
+
+    The pids controller stops a fork bomb from growing, but the bomb keeps its tree at the limit,
+    retrying forks, until the command's timeout (900 s for a test run). A tree whose forks keep
+    failing (``pids.events``) while it sits at the limit (``pids.current``) for ``hold`` seconds is
+    not going to finish. Both backends use it: on the host with the sandbox's own cgroup, in a
+    container with the container's.
+    """
+
+    def __init__(self, cgroup: Path, *, hold: float = 2.0, poll: float = 0.1, gap: float = 0.5) -> None:
+        self.cgroup = cgroup
+        self.hold, self.poll, self.gap = hold, poll, gap
+        self.limit: int | None = None
+        self._failures: int | None = None  # failed forks when first looked at
+        self._since: float | None = None
+        self._last_hit = 0.0
+        # The first look is one poll into the command: a short command reads no cgroup file at all.
+        self._next_poll = time.monotonic() + poll
+
+    def _failed_forks(self) -> int:
+        try:
+            for line in (self.cgroup / "pids.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def __call__(self) -> str | None:
+        now = time.monotonic()
+        if now < self._next_poll:
+            return None
+        self._next_poll = now + self.poll
+        if self._failures is None:
+            self.limit = _read_number(self.cgroup / "pids.max")  # None when unlimited: nothing to watch
+            self._failures = self._failed_forks()
+            return None
+        if self.limit is None:
+            return None
+        failures = self._failed_forks()
+        failing, self._failures = failures > self._failures, failures
+        at_limit = (_read_number(self.cgroup / "pids.current") or 0) >= self.limit
+        # A streak starts with a failed fork and lasts while forks fail or the tree stays at the
+        # limit, with pauses of at most ``gap``; it fires once it has lasted ``hold``.
+        if failing or (at_limit and self._since is not None):
+            if self._since is None or now - self._last_hit > self.gap:
+                self._since = now if failing else None
+            self._last_hit = now
+        elif self._since is not None and now - self._last_hit > self.gap:
+            self._since = None
+        if self._since is not None and now - self._since >= self.hold:
+            return f"process limit ({self.limit}) reached"
+        return None
+
+
+def _read_number(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def run_capped(
     argv: Sequence[str],
     *,
@@ -52,12 +119,15 @@ def run_capped(
     kill_tree: KillTree = kill_process_group,
     pass_fds: Sequence[int] = (),
     user: int | None = None,
+    watchdog: Watchdog | None = None,
 ) -> ExecResult:
     """Run ``argv`` and return its :class:`ExecResult`.
 
     The command starts in a new session (so its group can be killed); ``kill_tree`` is called on
     timeout and again once the main process has exited, to remove background leftovers. ``user``
-    runs it as that uid (and gid), with no supplementary groups.
+    runs it as that uid (and gid), with no supplementary groups. When ``watchdog`` returns a
+    reason, the tree is killed and the command ends with that reason in its output and a non-zero
+    exit code (not a timeout).
     """
     start = time.monotonic()
     out = CappedOutput(output_limit)
@@ -77,19 +147,24 @@ def run_capped(
     os.set_blocking(fd, False)
     deadline = start + timeout
     timed_out = False
+    killed: str | None = None
     killed_after_exit = False
     sel = selectors.DefaultSelector()
     sel.register(fd, selectors.EVENT_READ)
     try:
         while True:
             now = time.monotonic()
-            if not timed_out and now >= deadline:
-                timed_out = True
-                kill_tree(proc)
-                kill_process_group(proc)
-                # Leftovers may still hold the pipe; give the drain a short grace period.
-                deadline = now + 2.0
-            elif timed_out and now >= deadline:
+            if not timed_out and killed is None:
+                if now >= deadline:
+                    timed_out = True
+                elif watchdog is not None:
+                    killed = watchdog()
+                if timed_out or killed:
+                    kill_tree(proc)
+                    kill_process_group(proc)
+                    # Leftovers may still hold the pipe; give the drain a short grace period.
+                    deadline = now + 2.0
+            elif now >= deadline:
                 break
             if proc.poll() is not None and not killed_after_exit:
                 # Main process is gone: kill whatever it left in the background, then drain.
@@ -115,8 +190,10 @@ def run_capped(
         exit_code = proc.wait()
     if timed_out:
         out.feed(f"\n[patchgym: command timed out after {timeout:g}s and was killed]\n".encode())
+    elif killed:
+        out.feed(f"\n[patchgym: command killed: {killed}]\n".encode())
     return ExecResult(
-        exit_code=exit_code if not timed_out else -signal.SIGKILL,
+        exit_code=exit_code if not (timed_out or killed) else -signal.SIGKILL,
         output=out.text(),
         timed_out=timed_out,
         duration=time.monotonic() - start,

@@ -2,13 +2,13 @@
 
 Everything a process creates on the host (sandbox directories, its /etc copy, build directories,
 cgroups) is named ``<owner pid>-<random>``, so a reaper can tell leftovers of dead processes from
-the live ones of any process, this one included.
+the live ones of any process, this one included. A sandbox directory may still have its tmpfs and
+overlay mounted: they are unmounted first, and a tree that stays mounted is never deleted.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from .paths import cache_dir
@@ -50,10 +50,10 @@ def stale_children(root: Path) -> list[Path]:
 def reap_stale() -> int:
     """Remove leftovers of dead processes (cgroups first, so their processes die); return how many."""
     from .limits import reap_stale_cgroups
+    from .mounts import remove_tree
 
     removed = reap_stale_cgroups()
     for kind in OWNED_DIRS:
         for child in stale_children(cache_dir(kind)):
-            shutil.rmtree(child, ignore_errors=True)
-            removed += 1
+            removed += remove_tree(child)
     return removed

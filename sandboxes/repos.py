@@ -2,8 +2,8 @@
 
 Agents have read fix commits with ``git log --all`` (SWE-bench #465), so a checkout is not a clone:
 a new repository fetches exactly the objects reachable from the base commit out of a cached mirror,
-and keeps one branch, no remote, no tags, no reflog, no FETCH_HEAD. Each sandbox copies the cached
-checkout, which is much faster than fetching again.
+and keeps one branch, no remote, no tags, no reflog, no FETCH_HEAD. Sandboxes mount the cached
+checkout read-only under an overlay (or copy it where they cannot mount): it is never modified.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ import uuid
 from pathlib import Path
 
 from .base import SandboxError
+from .gitops import EXCLUDES
 from .locks import file_lock
 from .paths import cache_dir
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-# Written to the checkout's .git/info/exclude so bytecode and caches never show up in diffs.
-EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n.patchgym-*\n*.egg-info/\n"
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "patchgym", "GIT_AUTHOR_EMAIL": "agent@patchgym.invalid",
     "GIT_COMMITTER_NAME": "patchgym", "GIT_COMMITTER_EMAIL": "agent@patchgym.invalid",

@@ -7,9 +7,15 @@ host's own modules, copied next to it as the package ``pgrt``: the same capped, 
 runner and the same workspace file checks as the local backend.
 
 After every command, every process that was not there when the server started is killed: nothing a
-command starts survives it, exactly as with the local backend. Commands run as an unprivileged user
-(uid 1000) who owns /testbed: they cannot touch this server, its pristine copy of the repository, or
-its code, all root's and out of reach.
+command starts survives it, exactly as with the local backend; a command that keeps the container's
+pids limit reached is killed within seconds (the same watchdog as the local backend's). Commands
+run as an unprivileged user (uid 1000) who owns /testbed: they cannot touch this server, the
+pristine tree of the repository, or its code, all root's and out of reach.
+
+/testbed and every other place uid 1000 can write are size- and inode-bounded tmpfs mounts made by
+the engine. A tmpfs starts empty, so the server fills /testbed from the pristine tree the instance
+image keeps (hard-linked, so at no cost in image size) at ``/var/lib/patchgym/testbed``, on start
+and on reset. The workspace diff is computed here, as root, against that tree's ``.git``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import base64
 import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import sys
@@ -26,20 +33,26 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from pgrt.base import WorkspaceError  # noqa: E402
 from pgrt.files import (  # noqa: E402
     PathOutsideWorkspaceError,
     read_regular,
     resolve_in_workspace,
     write_regular,
 )
-from pgrt.process import is_dead_or_exiting, run_capped  # noqa: E402
+from pgrt.gitops import Pristine, workspace_diff  # noqa: E402
+from pgrt.process import ProcessLimitWatch, is_dead_or_exiting, run_capped  # noqa: E402
 
 WORKSPACE = Path("/testbed")
+SCRATCH = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/run/lock"))  # cleared on reset
 HOME = Path(os.path.dirname(os.path.abspath(__file__)))
-PRISTINE = HOME / "pristine"
+PRISTINE = Path("/var/lib/patchgym/testbed")
 AGENT_UID = 1000
 ALIASES = (str(WORKSPACE),)
 PROTECTED = {int(p) for p in os.listdir("/proc") if p.isdigit()} | {os.getpid()}
+# The container's own pids cgroup (cgroup v1 mounts it here; v2 has one hierarchy).
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids") if Path("/sys/fs/cgroup/pids/pids.max").exists() else Path("/sys/fs/cgroup")
+_pristine: Pristine | None = None
 
 
 def kill_strays(_proc: object = None) -> None:
@@ -80,12 +93,28 @@ def _command_environ(extra: dict) -> dict:
     return env
 
 
+def _fill_workspace() -> None:
+    """Copy the pristine tree into the (empty) workspace, give it to the command user, and note
+    the files' stats for the diff."""
+    global _pristine
+    shutil.copytree(PRISTINE, WORKSPACE, symlinks=True, dirs_exist_ok=True)
+    _give_to_agent(WORKSPACE)
+    if _pristine is None:
+        _pristine = Pristine.load(PRISTINE / ".git")
+    _pristine.snapshot(WORKSPACE)
+
+
 def handle(request: dict) -> dict:
     op = request.get("op")
     if op == "exec":
-        result = run_capped(["bash", "-c", request["command"]], timeout=float(request["timeout"]),
-                            output_limit=int(request["limit"]), cwd=request.get("cwd") or str(WORKSPACE),
-                            env=_command_environ(request.get("env")), kill_tree=kill_strays, user=AGENT_UID)
+        # The shell enters the working directory, so that one the agent made unreadable fails
+        # the command instead of the server's spawn.
+        cwd = request.get("cwd") or str(WORKSPACE)
+        script = f"cd -- {shlex.quote(cwd)} || exit 1\n{request['command']}"
+        result = run_capped(["bash", "-c", script], timeout=float(request["timeout"]),
+                            output_limit=int(request["limit"]), cwd="/",
+                            env=_command_environ(request.get("env")), kill_tree=kill_strays, user=AGENT_UID,
+                            watchdog=ProcessLimitWatch(PIDS_CGROUP))
         return {"exit_code": result.exit_code, "output": result.output, "timed_out": result.timed_out,
                 "duration": result.duration, "truncated": result.truncated}
     if op == "read":
@@ -101,10 +130,13 @@ def handle(request: dict) -> dict:
     if op == "reset":
         kill_strays()
         _clear(WORKSPACE)
-        shutil.copytree(PRISTINE, WORKSPACE, symlinks=True, dirs_exist_ok=True)
-        _give_to_agent(WORKSPACE)
-        _clear(Path("/tmp"))
+        for directory in SCRATCH:
+            _clear(directory)
+        _fill_workspace()
         return {}
+    if op == "diff":
+        assert _pristine is not None
+        return {"diff": workspace_diff(WORKSPACE, _pristine, HOME, int(request["limit"]))}
     if op == "ping":
         return {"pid": os.getpid()}
     raise ValueError(f"unknown op {op!r}")
@@ -120,9 +152,7 @@ def prepare() -> None:
         with open("/etc/group", "a") as fh:
             fh.write(f"agent:x:{AGENT_UID}:\n")
     os.chmod(HOME, 0o700)
-    if not PRISTINE.exists():  # the pristine copy reset() restores from
-        shutil.copytree(WORKSPACE, PRISTINE, symlinks=True)
-    _give_to_agent(WORKSPACE)
+    _fill_workspace()
 
 
 def main() -> None:
@@ -136,6 +166,8 @@ def main() -> None:
             response = handle(request)
         except PathOutsideWorkspaceError as exc:
             response = {"error": "outside", "message": str(exc)}
+        except WorkspaceError as exc:
+            response = {"error": "workspace", "message": str(exc)}
         except FileNotFoundError as exc:
             response = {"error": "notfound", "message": str(exc)}
         except IsADirectoryError as exc:

@@ -12,6 +12,9 @@ from ..base import SandboxError
 MANAGED_LABEL = "org.patchgym.managed"
 KIND_LABEL = "org.patchgym.kind"  # base | env | instance | sandbox | build
 OWNER_LABEL = "org.patchgym.owner"  # "<hostname>:<pid>" of the process that made a container
+# An instance image's /testbed, measured at build: what its sandboxes' /testbed tmpfs must hold.
+TESTBED_BYTES_LABEL = "org.patchgym.testbed_bytes"
+TESTBED_FILES_LABEL = "org.patchgym.testbed_files"
 DEFAULT_RELEASE = os.environ.get("PATCHGYM_DEBIAN_RELEASE", "bookworm")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..base import SandboxError
 
-RUNTIME_MODULES = ("base.py", "output.py", "process.py", "files.py")
+RUNTIME_MODULES = ("base.py", "output.py", "process.py", "files.py", "gitops.py")
 AGENT_DIR = "/opt/patchgym"
 AGENT_COMMAND = ["/usr/bin/python3", "-u", f"{AGENT_DIR}/agent.py"]
 

@@ -26,6 +26,9 @@
 ``patchgym/instance:<hash>``
     The environment plus the repository at ``base_commit`` in ``/testbed`` — a pristine checkout with
     no later history (:func:`sandboxes.repos.pristine_checkout`) — after the spec's ``install`` steps.
+    The same tree is hard-linked (no extra bytes) at ``/var/lib/patchgym/testbed``, root's only: a
+    sandbox's /testbed is a bounded tmpfs, empty at start, which the command server fills from it.
+    Its size and file count are recorded in labels, to size that tmpfs.
 
 Each build runs under a file lock (in ``$PATCHGYM_DOCKER_LOCKS``, default ``/tmp/patchgym-docker-<uid>``:
 shared by every cache on the host, as images are global to the engine), so concurrent processes
@@ -41,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -60,7 +64,16 @@ from ..locks import file_lock
 from ..paths import cache_dir
 from ..reaper import owned_name
 from ..repos import _source_id, pristine_checkout
-from .client import DEFAULT_RELEASE, KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client, owner_id
+from .client import (
+    DEFAULT_RELEASE,
+    KIND_LABEL,
+    MANAGED_LABEL,
+    OWNER_LABEL,
+    TESTBED_BYTES_LABEL,
+    TESTBED_FILES_LABEL,
+    docker_client,
+    owner_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +90,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 VENV = "/opt/venv"
 WORKDIR = "/testbed"
+PRISTINE_DIR = "/var/lib/patchgym/testbed"  # the command server's pristine tree (see agent.py)
+INSTANCE_LAYOUT = 2  # part of the instance key: images older than the pristine tree are rebuilt
 STANDARD_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE")
 PIP_CONFIG_FILES = ("/etc/pip.conf",)
@@ -653,7 +668,7 @@ def _checkout_tar(checkout: Path, arcname: str) -> tempfile.SpooledTemporaryFile
 
 def instance_key(env_id: str, repo: str, base_commit: str, spec: EnvironmentSpec) -> str:
     return _digest({"env": env_id, "repo": _source_id(repo), "base_commit": base_commit,
-                    "install": list(spec.install)})
+                    "install": list(spec.install), "layout": INSTANCE_LAYOUT})
 
 
 def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, release: str = DEFAULT_RELEASE,
@@ -680,8 +695,17 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
                 _report(progress, f"install {i}/{len(spec.install)}: {command}")
                 box.run(["bash", "-c", command], what=f"install step {command!r}", workdir=WORKDIR,
                         env=_venv_environ())
+            parent = posixpath.dirname(PRISTINE_DIR)
+            box.run(["sh", "-c", f"mkdir -p {parent} && chmod 700 {parent} && cp -al {WORKDIR} {PRISTINE_DIR}"],
+                    what="linking the pristine tree")
+            code, usage = box.run_capture([f"du -s -B1 {WORKDIR} | cut -f1; find {WORKDIR} | wc -l"], shell_args=True)
+            testbed_bytes, testbed_files = usage.split() if code == 0 else ("", "")
+            if not (testbed_bytes.isdigit() and testbed_files.isdigit()):
+                raise EnvironmentBuildError(f"cannot measure {WORKDIR} in {tag}: {usage.strip()}")
             _report(progress, f"committing {tag}")
-            box.commit(INSTANCE_REPO, key, kind="instance", changes=[f"WORKDIR {WORKDIR}"])
+            box.commit(INSTANCE_REPO, key, kind="instance", changes=[
+                f"WORKDIR {WORKDIR}", f"LABEL {TESTBED_BYTES_LABEL}={testbed_bytes}",
+                f"LABEL {TESTBED_FILES_LABEL}={testbed_files}"])
     return tag
 
 

@@ -3,9 +3,13 @@
 Each container runs with no network, memory/CPU/pids limits, patchgym's ownership labels, and a
 hard lifetime the container enforces itself (its main process is ``sleep LIFETIME`` under Docker's
 init, and it is removed when that ends), so a killed client cannot leave it running forever.
+Every place the command user can write (/testbed, /tmp, /var/tmp, /dev/shm, /run/lock) is a tmpfs
+with a size and an inode limit that the engine sets up: past them writes fail with ENOSPC, and the
+container's writable layer on the host's disk is root's alone. (A Docker volume of the local
+driver with tmpfs options would be the other engine-enforced bound, but the engine does not fill
+such a volume from the image: it starts empty, like a tmpfs mount, which needs no cleanup.)
 Commands go through one long-lived in-container command server (see ``agent.py``), not one
-``docker exec`` per command. ``reset()`` restores the pristine tree in place from a copy taken when
-the container started.
+``docker exec`` per command. ``reset()`` restores the pristine tree in place.
 """
 
 from __future__ import annotations
@@ -17,14 +21,24 @@ import posixpath
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Any
 
-from ..base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError
-from ..gitops import workspace_diff
+from ..base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError, WorkspaceError
+from ..gitops import DIFF_LIMIT
 from ..limits import ResourceLimits
 from ..local import SandboxSpec
 from ..output import DEFAULT_OUTPUT_LIMIT
-from .client import DEFAULT_RELEASE, KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client, owner_id
+from .client import (
+    DEFAULT_RELEASE,
+    KIND_LABEL,
+    MANAGED_LABEL,
+    OWNER_LABEL,
+    TESTBED_BYTES_LABEL,
+    TESTBED_FILES_LABEL,
+    docker_client,
+    owner_id,
+)
 from .connection import AGENT_DIR, AgentConnection, agent_archive
 
 log = logging.getLogger(__name__)
@@ -35,6 +49,34 @@ GRACE = 30.0  # beyond a command's own timeout before the server counts as hung
 # (repo, commit, environment, release) -> instance image tag: resolving it asks the engine about
 # three images and hashes the spec, which costs far more than a container from the warm pool.
 _images: dict[tuple, str] = {}
+SMALL_SCRATCH = (64 << 20, 10_000)  # bytes, inodes at most for /dev/shm and /run/lock (Docker's shm is 64 MiB)
+
+
+@lru_cache(maxsize=256)
+def _testbed_usage(image: str) -> tuple[int, int]:
+    """The bytes and inodes of the image's /testbed, measured when it was built."""
+    labels = docker_client().images.get(image).labels or {}
+    try:
+        return int(labels[TESTBED_BYTES_LABEL]), int(labels[TESTBED_FILES_LABEL])
+    except (KeyError, ValueError):
+        raise SandboxError(f"image {image} does not record the size of its /testbed; rebuild it") from None
+
+
+def tmpfs_mounts(image: str, limits: ResourceLimits) -> dict[str, str]:
+    """The bounded tmpfs mounts of a sandbox container: every path the command user may write."""
+    testbed_bytes, testbed_files = _testbed_usage(image)
+    small_bytes, small_files = (min(limits.disk_bytes, SMALL_SCRATCH[0]), min(limits.disk_files, SMALL_SCRATCH[1]))
+
+    def tmpfs(size: int, inodes: int, mode: str) -> str:
+        return f"size={size},nr_inodes={inodes},mode={mode},exec"
+
+    return {
+        WORKDIR: tmpfs(testbed_bytes + limits.disk_bytes, testbed_files + limits.disk_files, "0755"),
+        "/tmp": tmpfs(limits.disk_bytes, limits.disk_files, "1777"),
+        "/var/tmp": tmpfs(limits.disk_bytes, limits.disk_files, "1777"),
+        "/dev/shm": tmpfs(small_bytes, small_files, "1777"),
+        "/run/lock": tmpfs(small_bytes, small_files, "1777"),
+    }
 
 
 def _run_container(image: str, limits: ResourceLimits, lifetime: int, network: bool):
@@ -53,7 +95,7 @@ def _run_container(image: str, limits: ResourceLimits, lifetime: int, network: b
         image, ["sleep", str(int(lifetime))], detach=True, init=True, auto_remove=True,
         network_mode=None if network else "none", mem_limit=limits.memory_bytes,
         memswap_limit=limits.memory_bytes, pids_limit=limits.max_processes,
-        nano_cpus=int(limits.cpus * 1e9), ulimits=ulimits, working_dir=WORKDIR,
+        nano_cpus=int(limits.cpus * 1e9), ulimits=ulimits, working_dir=WORKDIR, tmpfs=tmpfs_mounts(image, limits),
         labels={MANAGED_LABEL: "1", KIND_LABEL: "sandbox", OWNER_LABEL: owner_id()},
     )
     try:
@@ -66,11 +108,15 @@ def _run_container(image: str, limits: ResourceLimits, lifetime: int, network: b
         raise
 
 
-def _remove(container) -> None:
+def _remove(container) -> bool:
+    """Remove a container; False when it was not there to remove (gone already, or being removed
+    by someone else: auto_remove, another gc) or the engine failed."""
     try:
-        container.remove(force=True)
-    except Exception as exc:  # already gone (auto_remove) or the engine is down
+        container.remove(force=True, v=True)
+        return True
+    except Exception as exc:
         log.debug("removing container %s: %s", getattr(container, "id", "?")[:12], exc)
+        return False
 
 
 # Removing a running container takes 100-200 ms of the engine's time; close() hands it to these
@@ -196,7 +242,7 @@ class DockerSandbox:
         self._request({"op": "write", "path": path, "data": base64.b64encode(raw).decode()}, 120)
 
     def diff(self) -> str:
-        return workspace_diff(self)
+        return self._request({"op": "diff", "limit": DIFF_LIMIT}, 600)["diff"]
 
     def reset(self) -> None:
         self._request({"op": "reset"}, 300)
@@ -237,32 +283,43 @@ class DockerSandbox:
             raise FileNotFoundError(response["message"])
         if error == "notregular":
             raise IsADirectoryError(response["message"])
+        if error == "workspace":
+            raise WorkspaceError(response["message"])
         if error:
             raise SandboxError(f"sandbox {self.id}: {response['message']}")
         return response
 
 
-def gc_containers(*, include_live_owners: bool = False) -> list[str]:
+def gc_containers(*, include_live_owners: bool = False, other_hosts: bool = False) -> list[str]:
     """Remove patchgym containers whose owning process is gone (found by label); return their ids.
 
     Only containers patchgym made itself are touched: labelled as a sandbox or a build container
     with an owner. (Images carry patchgym's labels too, so a container someone else started from
     one of them inherits ``managed=1``, but not those.) A container owned by a live process of
-    this host is kept unless ``include_live_owners``.
+    this host is kept unless ``include_live_owners``; one owned by another host sharing the engine
+    is kept unless ``other_hosts`` (this host cannot tell whether its owner still lives). A
+    container that vanishes while gc runs (another gc, auto-removal) is skipped, never an error.
     """
     from ..reaper import is_alive
 
     client = docker_client()
     removed = []
     host = owner_id().split(":")[0]
-    for container in client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=1"}):
+    try:
+        # ignore_removed: one removed between the listing and its inspection is left out.
+        containers = client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=1"}, ignore_removed=True)
+    except Exception as exc:
+        raise SandboxError(f"cannot list containers: {exc}") from None
+    for container in containers:
         owner = container.labels.get(OWNER_LABEL, "")
         if container.labels.get(KIND_LABEL) not in ("sandbox", "build") or not owner:
             continue
         owner_host, _, pid = owner.partition(":")
+        if owner_host != host and not other_hosts:
+            continue
         alive = owner_host == host and pid.isdigit() and is_alive(int(pid))
         if alive and not include_live_owners:
             continue
-        _remove(container)
-        removed.append(container.id[:12])
+        if _remove(container):
+            removed.append(container.id[:12])
     return removed
