@@ -61,7 +61,7 @@ from sandboxes import SandboxError
 from .backends import SandboxFactory
 from .catalog import TaskSet
 from .parallel import run_parallel
-from .patches import TEST_FILE_PATTERNS, FileDiff, is_test_or_config, split_diff
+from .patches import TEST_FILE_PATTERNS, FilePatch, is_test_or_config, split_diff
 from .registry import RepoRecord
 from .task import Task
 from .testrun import probe
@@ -229,12 +229,12 @@ def is_test_module(path: str) -> bool:
             and any(fnmatch.fnmatch(p.name, pat) for pat in TEST_FILE_PATTERNS))
 
 
-def _section_kind(section: FileDiff) -> PathKind:
+def _section_kind(section: FilePatch) -> PathKind:
     kinds = {path_kind(p) for p in section.paths}
     return next((kind for kind in KIND_ORDER if kind in kinds), "meta")
 
 
-def _join(sections: Sequence[FileDiff]) -> str:
+def _join(sections: Sequence[FilePatch]) -> str:
     text = "".join(s.text for s in sections)
     return text if not text or text.endswith("\n") else text + "\n"
 
@@ -242,7 +242,7 @@ def _join(sections: Sequence[FileDiff]) -> str:
 def classify_commit(git_dir: Path, sha: str, parent: str) -> tuple[str, str, tuple[str, ...], dict[PathKind, int]]:
     """``(patch, test_patch, test modules to run, files per kind)`` of ``sha`` against ``parent``."""
     sections = split_diff(_git(git_dir, "diff", *DIFF_OPTIONS, parent, sha))
-    by_kind: dict[PathKind, list[FileDiff]] = {"test": [], "docs": [], "meta": [], "source": []}
+    by_kind: dict[PathKind, list[FilePatch]] = {"test": [], "docs": [], "meta": [], "source": []}
     for section in sections:
         by_kind[_section_kind(section)].append(section)
     test_files = tuple(sorted({s.new_path for s in by_kind["test"] if s.new_path and is_test_module(s.new_path)}))
