@@ -70,15 +70,22 @@ def parse_junit(xml_text: str | bytes) -> dict[str, TestStatus]:
     return statuses
 
 
-def lookup(test_id: str, statuses: dict[str, TestStatus]) -> TestStatus | None:
-    """The status of ``test_id``; tolerates runner-truncated parametrized ids by unique prefix."""
+def lookup_key(test_id: str, statuses: dict[str, TestStatus]) -> str | None:
+    """The key of ``test_id`` in ``statuses``; tolerates runner-truncated parametrized ids by
+    unique prefix."""
     if test_id in statuses:
-        return statuses[test_id]
+        return test_id
     if "[" in test_id:
         matches = [k for k in statuses if k.startswith(test_id) or test_id.startswith(k)]
         if len(matches) == 1:
-            return statuses[matches[0]]
+            return matches[0]
     return None
+
+
+def lookup(test_id: str, statuses: dict[str, TestStatus]) -> TestStatus | None:
+    """The status of ``test_id`` (see :func:`lookup_key`)."""
+    key = lookup_key(test_id, statuses)
+    return None if key is None else statuses[key]
 
 
 def _f2p_passes(status: TestStatus | None) -> bool:
@@ -98,22 +105,30 @@ class Grade:
     missing: list[str] = field(default_factory=list)
 
 
-def grade(fail_to_pass: list[str], pass_to_pass: list[str], statuses: dict[str, TestStatus]) -> Grade:
+def grade(fail_to_pass: list[str], pass_to_pass: list[str], statuses: dict[str, TestStatus],
+          undeclared_xfail: set[str] = frozenset()) -> Grade:
     """Apply the grading rules to the observed ``statuses``.
+
+    An XFAIL FAIL_TO_PASS test passes only when the test declares the expected failure (an xfail
+    marker): ``undeclared_xfail`` are tests that xfailed without one, e.g. because the code under
+    test called ``pytest.xfail()`` to turn every failure into an "expected" one.
 
     FAIL_TO_FAIL and PASS_TO_FAIL are empty: like SWE-bench, this harness runs only the
     FAIL_TO_PASS and PASS_TO_PASS tests, so nothing is known about the others.
     """
     out = Grade()
     sections = {"FAIL_TO_PASS": (fail_to_pass, _f2p_passes), "PASS_TO_PASS": (pass_to_pass, _p2p_kept)}
-    for key, (ids, ok) in sections.items():
+    for section, (ids, ok) in sections.items():
         success, failure = [], []
         for test_id in ids:
-            status = lookup(test_id, statuses)
-            if status is None:
+            key = lookup_key(test_id, statuses)
+            status = None if key is None else statuses[key]
+            if key is None:
                 out.missing.append(test_id)
+            elif section == "FAIL_TO_PASS" and status is TestStatus.XFAIL and key in undeclared_xfail:
+                status = TestStatus.FAILED
             (success if ok(status) else failure).append(test_id)
-        out.tests_status[key] = {"success": success, "failure": failure}
+        out.tests_status[section] = {"success": success, "failure": failure}
     out.tests_status["FAIL_TO_FAIL"] = {"success": [], "failure": []}
     out.tests_status["PASS_TO_FAIL"] = {"success": [], "failure": []}
     out.resolved = not out.tests_status["FAIL_TO_PASS"]["failure"] and not out.tests_status["PASS_TO_PASS"]["failure"]

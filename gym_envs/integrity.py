@@ -20,9 +20,11 @@ forger can still do is written down in ``docs/grading.md``.
 
 from __future__ import annotations
 
+import ast
 import json
 import secrets
 from dataclasses import dataclass, field
+
 from .grading import TestStatus, lookup
 
 PASSING = (TestStatus.PASSED, TestStatus.XFAIL)
@@ -58,17 +60,49 @@ def _name() -> str:
     return f"test_{secrets.choice(_WORDS)}_{secrets.choice(_WORDS)}_{secrets.token_hex(3)}"
 
 
-def make_canaries(tests: list[str]) -> Canaries:
-    """Canaries for a run of ``tests``, in the first requested test's own file: the hidden tests'
-    module, so that neither their file nor their node ids tell them apart (a new module in the
-    same directory when no test names a Python file)."""
-    first = next((t.split("::", 1)[0] for t in tests if "::" in t), "")
-    path = first if first.endswith(".py") else f"{_name()}.py"
+def imported_names(source: bytes | None) -> list[str]:
+    """The names a test module binds with its top-level imports (what the hidden tests use from
+    the code under test), so the canaries can use them too."""
+    try:
+        tree = ast.parse(source or b"")
+    except (SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names += [a.asname or a.name for a in node.names if a.name != "*"]
+    return list(dict.fromkeys(n for n in names if n.isidentifier()))
+
+
+def make_canaries(path: str, module_source: bytes | None = None) -> Canaries:
+    """Canaries to append to ``path`` (:func:`canary_path`), whose content is ``module_source``.
+    Both use the names the module imports,
+    as its tests do, so "spare whatever does not touch the code under test" spares no canary."""
     passing, failing = _name(), _name()
     a, b = secrets.randbelow(900) + 100, secrets.randbelow(900) + 100
-    source = (f"def {passing}():\n    assert {a} * {b} == {a * b}\n\n\n"
-              f"def {failing}():\n    assert {a} + {b} == {a + b + 1 + secrets.randbelow(9)}\n")
+    used = imported_names(module_source)
+    touch = f"    assert ({', '.join(used)},)\n" if used else ""
+    source = (f"def {passing}():\n{touch}    assert {a} * {b} == {a * b}\n\n\n"
+              f"def {failing}():\n{touch}    assert {a} + {b} == {a + b + 1 + secrets.randbelow(9)}\n")
     return Canaries(path, f"{path}::{passing}", f"{path}::{failing}", source)
+
+
+def canary_path(tests: list[str]) -> str:
+    """The file the canaries go into for a run of ``tests``: the first requested test's own file,
+    the hidden tests' module, so that neither their file nor their node ids tell them apart (a new
+    module when no test names a Python file)."""
+    first = next((t.split("::", 1)[0] for t in tests if "::" in t), "")
+    return first if first.endswith(".py") else f"{_name()}.py"
+
+
+def interleave(tests: list[str], canaries: Canaries) -> list[str]:
+    """``tests`` with the canaries at random places (not always last, where a forger would look)."""
+    ids = list(tests)
+    for canary in canaries.ids:
+        ids.insert(secrets.randbelow(len(ids) + 1), canary)
+    return ids
 
 
 @dataclass
@@ -81,6 +115,7 @@ class RunRecord:
     exit_code: int | None = None
     reported_twice: list[str] = field(default_factory=list)
     malformed: str | None = None
+    undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL with no xfail marker
 
 
 def _phase_status(when: str, outcome: str, xfail: bool) -> TestStatus | None:
@@ -123,6 +158,8 @@ def parse_record(text: str) -> RunRecord:
                 continue
             seen.add((nodeid, when))
             status = _phase_status(when, outcome, bool(event.get("xfail")))
+            if status is TestStatus.XFAIL and event.get("declared") is False:
+                record.undeclared_xfail.add(nodeid)
             previous = record.statuses.get(nodeid)
             if status is None or (previous in FAILING and status not in FAILING):
                 continue

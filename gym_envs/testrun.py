@@ -19,6 +19,7 @@ from sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
 from . import integrity, runners
 from .backends import SandboxFactory, make_sandbox
 from .grading import JunitError, TestStatus, parse_junit
+from .patch_apply import apply_patch
 from .pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from .pytest_runtime.bootstrap import START_FAILED
 from .task import EnvironmentConfig, Task, TestSpec
@@ -42,6 +43,7 @@ class TestRun:
     applied: list[bool] = field(default_factory=list)
     tampering: str | None = None
     canaries: bool = False  # the run included a canary that must fail, so it must exit 1
+    undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL without an xfail marker
 
     @property
     def passed(self) -> set[str]:
@@ -79,12 +81,14 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     junit, results, runtime = (f".patchgym-junit-{nonce}.xml", f".patchgym-results-{nonce}.jsonl",
                                f".patchgym-rt-{nonce}")
     requested = list(dict.fromkeys(tests))
-    canaries = integrity.make_canaries(requested) if requested else None
-    if canaries is not None:
+    canaries = None
+    if requested:
+        path = integrity.canary_path(requested)
         try:
-            existing: bytes | None = sandbox.read_file(canaries.path)
+            existing: bytes | None = sandbox.read_file(path)
         except FileNotFoundError:
             existing = None
+        canaries = integrity.make_canaries(path, existing)
         sandbox.write_file(canaries.path, canaries.written_into(existing))
     invocation = pytest_invocation(spec.command)
     if invocation is not None:
@@ -94,7 +98,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         start = f"{env}PATCHGYM_RESULTS={results} {python} -I -B {runtime}/bootstrap.py {args}".rstrip()
     else:  # a command patchgym cannot take over (e.g. tox): junit and canaries only
         start = spec.command
-    ids = requested + (canaries.ids if canaries else [])
+    ids = integrity.interleave(requested, canaries) if canaries else requested
     command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
                + " ".join(shlex.quote(t) for t in ids)).rstrip()
     result = sandbox.exec(command, timeout=spec.timeout, output_limit=LOG_LIMIT)
@@ -116,6 +120,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
                                                                       if result.timed_out else "")
         return run
+    run.undeclared_xfail = record.undeclared_xfail if record is not None else set()
     if junit_statuses is not None:
         hidden = set(canaries.ids) if canaries else set()
         run.statuses = {t: s for t, s in junit_statuses.items() if t not in hidden}
@@ -216,7 +221,6 @@ def probe(task: Task, patches: Sequence[str] = (), tests: Sequence[str] = (),
     """Run ``tests`` at ``task.base_commit`` with ``patches`` applied in order (strictly: a patch
     that does not apply leaves ``applied`` False and runs nothing), in a fresh sandbox. ``files``
     are passed on to :func:`run_tests` (Django and SymPy runners)."""
-    from .verifier import apply_patch  # the verifier builds on this module
 
     sandbox = (factory or make_sandbox)(task)
     try:

@@ -26,15 +26,14 @@ from sandboxes.gitops import SAFE_GIT
 
 from .backends import SandboxFactory, make_sandbox
 from .grading import grade
-from .patches import filter_agent_patch, split_diff, touched_paths
+from .patch_apply import PATCH_FILE, apply_patch
+from .patches import PatchError, filter_agent_patch, split_diff, touched_paths
 from .runners import changed_test_files
 from .task import Task
 from .testrun import run_tests
 
 log = logging.getLogger(__name__)
 
-PATCH_FILE = ".patchgym-patch.diff"
-APPLY_MARK = "patchgym-applied-with:"
 
 
 class InstanceReport(BaseModel):
@@ -122,10 +121,14 @@ class Verifier:
     def _grade_in(self, sandbox: Sandbox, task: Task, patch: str, report: InstanceReport) -> None:
         protected = touched_paths(task.test_patch)
         if patch.strip():
-            to_apply, dropped = filter_agent_patch(patch, protected)
-            report.ignored_paths = dropped
-            if to_apply:
-                method = apply_patch(sandbox, to_apply)
+            try:
+                filtered = filter_agent_patch(patch, protected)
+            except PatchError as exc:  # the agent's failure, never infrastructure
+                report.error = f"the patch cannot be parsed: {exc}"
+                return
+            report.ignored_paths = filtered.dropped
+            if filtered.text:
+                method = apply_patch(sandbox, filtered.text)
                 if method is None:
                     report.error = "the patch does not apply to the base commit"
                     return
@@ -149,7 +152,7 @@ class Verifier:
         report.test_timed_out = run.timed_out
         if run.error:
             report.error = run.error
-        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses)
+        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail)
         report.tests_status = g.tests_status
         report.missing_tests = g.missing
         report.results_consistent = run.consistent
@@ -169,25 +172,3 @@ def _applies_to_base(sandbox: Sandbox, patch: str) -> bool:
     result = sandbox.exec(f"{SAFE_GIT} apply --cached --check {PATCH_FILE}; s=$?; rm -f {PATCH_FILE}; exit $s",
                           timeout=120)
     return result.ok
-
-
-def apply_patch(sandbox: Sandbox, patch: str, *, fuzzy: bool = True) -> str | None:
-    """Apply ``patch`` in the sandbox; return the method that worked, or None.
-
-    A failed ``git apply`` changes nothing, and ``patch`` runs only after its dry run succeeded, so
-    every attempt starts from the same tree. All attempts run in one command (each command costs a
-    sandbox start); the last output line names the method that worked.
-    """
-    if not patch.endswith("\n"):
-        patch += "\n"
-    sandbox.write_file(PATCH_FILE, patch)
-    fuzz = f"patch --batch --fuzz=5 -p1 -i {PATCH_FILE}"
-    fallback = (f"elif {fuzz} --dry-run >/dev/null && {fuzz} --no-backup-if-mismatch; then m='patch --fuzz'; "
-                if fuzzy else "")
-    script = (f"if git apply --verbose --whitespace=nowarn {PATCH_FILE}; then m='git apply'; {fallback}"
-              f"else m=''; fi; rm -f {PATCH_FILE}; echo; echo \"{APPLY_MARK}$m\"")
-    result = sandbox.exec(script, timeout=120)
-    last = result.output.rstrip("\n").rsplit("\n", 1)[-1]
-    if not last.startswith(APPLY_MARK):  # the script itself did not run: the sandbox is broken
-        raise SandboxError(f"patch application did not run: {result.output[-1000:]}")
-    return last[len(APPLY_MARK):] or None

@@ -175,7 +175,7 @@ class _ForgingSandbox:
                             for n in command.split() if n.startswith("tests/"))
             self.files[path] = f"<testsuites><testsuite>{cases}</testsuite></testsuites>".encode()
             return ExecResult(self.exit_code, "", False, 0.1)
-        if "git apply" in command:
+        if "--whitespace=nowarn" in command:  # git apply (verifier.py or patch_apply.py)
             return ExecResult(0, "Applied patch cleanly.\n\npatchgym-applied-with:git apply\n", False, 0.01)
         return ExecResult(0, "", False, 0.01)
 
@@ -210,9 +210,9 @@ def test_split_and_filter_diffs():
     diff = new_file("pkg/a.py", "x = 1") + new_file("tests/test_a.py", "y = 2") + new_file("setup.cfg", "[x]")
     sections = split_diff(diff)
     assert [s.new_path for s in sections] == ["pkg/a.py", "tests/test_a.py", "setup.cfg"]
-    kept, dropped = filter_agent_patch(diff, protected={"pkg/other.py"})
-    assert dropped == ["setup.cfg", "tests/test_a.py"]
-    assert [s.new_path for s in split_diff(kept)] == ["pkg/a.py"]
+    filtered = filter_agent_patch(diff, protected={"pkg/other.py"})
+    assert filtered.dropped == ["setup.cfg", "tests/test_a.py"]
+    assert [s.new_path for s in split_diff(filtered.text)] == ["pkg/a.py"]
     plain = "--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-x\n+y\n"
     assert [s.old_path for s in split_diff(plain)] == ["pkg/a.py"]
     for path in ("conftest.py", "src/pkg/tests/helpers.py", "a/test_b.py", "b_test.py", "x.pth", "pyproject.toml"):

@@ -15,7 +15,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from sandboxes import ExecResult, Sandbox, SandboxError
+from sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
 
 from ..backends import sandbox_factory
 from ..catalog import TaskSet
@@ -226,6 +226,10 @@ class RepoEnv(gym.Env[str, Any]):
         except SandboxError as exc:
             report = InstanceReport(instance_id=self.task.instance_id, infrastructure_failure=True,
                                     infrastructure_failure_reason=f"could not read the workspace diff: {exc}")
+            return self._finish(report, None, info, truncated=truncated, observation=observation)
+        except WorkspaceError as exc:  # the agent's own doing: scored 0, never masked
+            report = InstanceReport(instance_id=self.task.instance_id, patch_exists=True,
+                                    error=f"the workspace cannot be diffed: {exc}")
             return self._finish(report, None, info, truncated=truncated, observation=observation)
         self._close_sandbox()  # grading uses a fresh sandbox; free this one first
         report = self.verifier.verify(self.task, patch, run_empty=True)

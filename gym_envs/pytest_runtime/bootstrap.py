@@ -103,8 +103,8 @@ def _top_level_modules(dist):
 
 def _preload_runner():
     """Import pytest and everything it is made of while only installed code is importable."""
-    import pytest  # noqa: F401
     import _pytest
+    import pytest  # noqa: F401
 
     for info in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
         try:
@@ -147,7 +147,7 @@ def main():
         _preload_runner()
         import pytest
     except Exception as exc:
-        sys.stderr.write("%s %s: %s\n" % (START_FAILED, type(exc).__name__, exc))
+        sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
         return 3
     code = int(pytest.main(sys.argv[1:], plugins=[reporter]))
     reporter.exit(code)
