@@ -88,6 +88,8 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
             existing: bytes | None = sandbox.read_file(path)
         except FileNotFoundError:
             existing = None
+        except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
+            path, existing = integrity.canary_path([]), None
         canaries = integrity.make_canaries(path, existing)
         sandbox.write_file(canaries.path, canaries.written_into(existing))
     invocation = pytest_invocation(spec.command)
