@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import textwrap
 from pathlib import Path
@@ -294,6 +295,7 @@ class FakeSandbox:
 
     def __init__(self, output: str, exit_code: int = 0) -> None:
         self.output, self.exit_code, self.commands = output, exit_code, []
+        self.written: dict[str, bytes] = {}
 
     def exec(self, command, timeout=60.0, cwd=None, env=None, output_limit=None):
         self.commands.append(command)
@@ -302,17 +304,32 @@ class FakeSandbox:
     def read_file(self, path):
         if path.startswith(".patchgym-log-") and path in self.commands[-1]:
             return self.output.encode()
+        if path in self.written:
+            return self.written[path]
         raise FileNotFoundError(path)
 
+    def write_file(self, path, content):
+        self.written[path] = content.encode() if isinstance(content, str) else content
 
-def test_run_tests_pytest_command_is_unchanged():
+
+def test_run_tests_pytest_command_goes_through_the_runtime():
     sandbox = FakeSandbox("")
     run = run_tests(sandbox, TestSpec(), ["tests/a.py::test_x", "tests/a.py::test_x", "tests/b.py::test y"],
                     files=["ignored.py"])
     (command,) = sandbox.commands
-    assert re.fullmatch(r"python -m pytest -p no:cacheprovider -rA --junitxml=\.patchgym-junit-[0-9a-f]{32}\.xml "
-                        r"-o junit_family=xunit1 tests/a\.py::test_x 'tests/b\.py::test y'", command)
-    assert run.command == command and run.error.startswith("no test results")
+    start = re.fullmatch(r"PATCHGYM_RESULTS=\.patchgym-results-[0-9a-f]{32}\.jsonl python -I -B "
+                         r"\.patchgym-rt-[0-9a-f]{32}/bootstrap\.py -p no:cacheprovider -rA "
+                         r"--junitxml=\.patchgym-junit-[0-9a-f]{32}\.xml -o junit_family=xunit1 (.*)", command)
+    assert start, command
+    ids = shlex.split(start.group(1))
+    asked = ["tests/a.py::test_x", "tests/b.py::test y"]
+    assert [i for i in ids if i in asked] == asked, "each id once, in order"
+    canaries = [i for i in ids if i not in asked]
+    assert len(canaries) == 2, "two canaries interleaved with the ids"
+    module = sandbox.written["tests/a.py"].decode()
+    assert all(c.startswith("tests/a.py::") and c.split("::")[1] in module for c in canaries)
+    assert any(path.endswith("/bootstrap.py") for path in sandbox.written)
+    assert run.command == command and run.error == "the test runner did not finish"
 
 
 def test_run_tests_django_and_sympy_read_the_whole_log():
