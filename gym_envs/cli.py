@@ -644,6 +644,12 @@ def serve(
     idle_ttl: Annotated[float, typer.Option("--idle-ttl", min=1, help="Close sessions idle this long (s).")] = 900,
     operation_timeout: Annotated[float, typer.Option(
         "--operation-timeout", min=1, help="Deadline of one reset, step or verification (s).")] = 1800,
+    seed_wait: Annotated[float, typer.Option(
+        "--seed-wait", min=0, help="How long a NeMo Gym /seed_session on a full server waits for a free "
+                                   "session (s); its agent does not retry. The native API answers 429 at once.")] = 600,
+    nemo_gym_idle_ttl: Annotated[float, typer.Option(
+        "--nemo-gym-idle-ttl", min=1, help="Close NeMo Gym sessions idle this long (s): a rollout its agent "
+                                           "abandoned frees its slot. Keep it above the longest model turn.")] = 300,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Steps before an episode is truncated.")] = 50,
     time_limit: Annotated[float | None, typer.Option("--time-limit", min=1, help="Seconds per episode.")] = None,
     command_timeout: Annotated[float, typer.Option(
@@ -670,7 +676,8 @@ def serve(
                    "output_limit": output_limit}
     try:
         api = create_app(tasks=_load(tasks), backend=backend, max_sessions=max_sessions, token=token or None,
-                         idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options)
+                         idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options,
+                         seed_wait=seed_wait, rollout_idle_ttl=nemo_gym_idle_ttl)
     except ValueError as exc:
         fail(str(exc))
     # In-flight requests get a short grace on shutdown; then the lifespan closes every sandbox.

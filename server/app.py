@@ -62,23 +62,28 @@ def create_app(
     token: str | Sequence[str] | None = None,
     env_options: dict[str, Any] | None = None,
     operation_timeout: float = 1800.0,
+    seed_wait: float = 600.0,
+    rollout_idle_ttl: float = 300.0,
 ) -> FastAPI:
     """The API. ``tasks``: a TaskSet, task file or directory (None: bundled catalog). ``token``:
     one or more accepted bearer tokens (None: no auth); a session belongs to the token that made
     it. ``env_options`` go to every ``RepoEnv`` (``max_steps``, ``command_timeout``,
     ``sandbox_options``, ...). ``operation_timeout``: deadline of one environment call (a reset
-    may build an environment; a submit runs the tests)."""
+    may build an environment; a submit runs the tests). ``seed_wait``: how long a NeMo Gym
+    ``/seed_session`` on a full server waits for a free session (its agent does not retry; the
+    native API answers 429 at once). ``rollout_idle_ttl``: idle TTL of NeMo Gym sessions."""
     task_set = tasks if isinstance(tasks, TaskSet) else load_task_set(tasks)
     tokens = [token] if isinstance(token, str) else list(token or [])
     service = EnvService(task_set, backend=backend, env_options=env_options or {}, max_sessions=max_sessions,
-                         idle_ttl=idle_ttl, operation_timeout=operation_timeout, tokens=tokens)
+                         idle_ttl=idle_ttl, operation_timeout=operation_timeout, tokens=tokens,
+                         seed_wait=seed_wait, rollout_idle_ttl=rollout_idle_ttl)
     manager, metrics = service.manager, service.metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def reaper() -> None:
             while True:
-                await asyncio.sleep(min(REAP_INTERVAL_SECONDS, max(idle_ttl / 2, 0.1)))
+                await asyncio.sleep(min(REAP_INTERVAL_SECONDS, max(min(idle_ttl, rollout_idle_ttl) / 2, 0.1)))
                 try:
                     await manager.reap_idle()
                 except Exception:  # the reaper must outlive any one failure

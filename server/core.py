@@ -43,6 +43,12 @@ class Metrics:
         Gauge("patchgym_sessions_max", "Session capacity.", registry=r).set(manager.max_sessions)
         Gauge("patchgym_queue_depth", "Requests waiting for a worker thread.",
               registry=r).set_function(queue_depth)
+        Gauge("patchgym_sessions_waiting", "Session opens queued for a free slot (clients that do not retry).",
+              registry=r).set_function(lambda: manager.waiting)
+        self.session_wait = Histogram("patchgym_session_wait_seconds",
+                                      "How long queued session opens waited for a slot.",
+                                      buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r)
+        manager.waited_seconds = self.session_wait.observe
         self.sessions_created = Counter("patchgym_sessions_created_total", "Sessions created.", ["protocol"],
                                         registry=r)
         self.steps = Counter("patchgym_steps_total", "Environment steps taken.", ["protocol"], registry=r)
@@ -59,11 +65,15 @@ class EnvService:
     """Sessions of ``RepoEnv`` plus a stateless verifier, behind deadlines and a capacity bound.
 
     Every blocking call runs in a worker thread (never on the event loop) under
-    ``operation_timeout``. ``env_options`` go to every ``RepoEnv``.
+    ``operation_timeout``. ``env_options`` go to every ``RepoEnv``. ``seed_wait``: how long a
+    session open from a client that does not retry (NeMo Gym) waits for a free slot.
+    ``rollout_idle_ttl``: the idle TTL of such sessions, short, so a rollout its agent abandoned
+    does not hold a slot for long.
     """
 
     def __init__(self, task_set: TaskSet, *, backend: str, env_options: dict[str, Any], max_sessions: int,
-                 idle_ttl: float, operation_timeout: float, tokens: Sequence[str]) -> None:
+                 idle_ttl: float, operation_timeout: float, tokens: Sequence[str], seed_wait: float = 600.0,
+                 rollout_idle_ttl: float = 300.0) -> None:
         self.task_set = task_set
         self.backend = backend
         self.env_options = dict(env_options)
@@ -78,6 +88,8 @@ class EnvService:
             raise ValueError("an empty token would accept anyone")
         self.tokens = list(tokens)
         self.operation_timeout = operation_timeout
+        self.seed_wait = seed_wait
+        self.rollout_idle_ttl = rollout_idle_ttl
         self.manager = SessionManager(max_sessions=max_sessions, idle_ttl=idle_ttl,
                                       operation_timeout=operation_timeout)
         self.metrics = Metrics(self.manager, self.queue_depth)
@@ -115,10 +127,11 @@ class EnvService:
     # -- sessions -------------------------------------------------------------------------
 
     async def open_session(self, owner: str | None, *, task_id: str | None = None, seed: int | None = None,
-                           protocol: str = "native", session_id: str | None = None,
-                           **overrides: Any) -> tuple[Session, str, dict[str, Any]]:
+                           protocol: str = "native", session_id: str | None = None, wait: float = 0.0,
+                           idle_ttl: float | None = None, **overrides: Any) -> tuple[Session, str, dict[str, Any]]:
         """Open a session on a task (``task_id`` or one drawn with ``seed``); its first observation
-        and info. ``overrides`` replace env options for this session (``max_steps``, ``time_limit``)."""
+        and info. ``overrides`` replace env options for this session (``max_steps``, ``time_limit``);
+        ``wait`` and ``idle_ttl`` go to :meth:`SessionManager.create`."""
         if task_id is not None:
             self.task_set.get(task_id)  # UnknownTaskError -> 404, before any slot or sandbox is taken
         options = dict(self.env_options)
@@ -130,7 +143,8 @@ class EnvService:
             session.instance_id = info.get("instance_id")
             return obs, info
 
-        session, (obs, info) = await self.manager.create(owner, start, session_id=session_id)
+        session, (obs, info) = await self.manager.create(owner, start, session_id=session_id, wait=wait,
+                                                         idle_ttl=idle_ttl)
         self.metrics.sessions_created.labels(protocol).inc()
         return session, obs, info
 

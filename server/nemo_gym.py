@@ -14,6 +14,7 @@ The routes sit at the root, next to the native ``/v1`` API and OpenEnv's routes,
 
 import json
 import secrets
+import statistics
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ RESERVED_PATHS = frozenset({
 # NeMo Gym's shared failure vocabulary (nemo_gym/failure_kinds.py), plus one of ours namespaced as it asks.
 PROVIDER_UNAVAILABLE = "provider_unavailable"
 OPERATION_TIMEOUT = "patchgym:operation_timeout"
+SESSION_EXPIRED = "patchgym:session_expired"
 # How many closed resources-session ids and failed sessions are remembered (an LRU bound on memory).
 REMEMBERED = 65_536
 SYSTEM_PROMPT = (
@@ -269,13 +271,20 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
         idempotent for the same id and episode, and refused after that id was closed."""
         task_id, seed = _task_choice(body)
         if body.resources_session_id is None:
-            session, _, info = await service.open_session(who, task_id=task_id, seed=seed, protocol=PROTOCOL,
-                                                          session_id=secrets.token_hex(16))
+            session, _, info = await open_rollout(who, task_id, seed)
             _set_cookie(response, session.id)
             return NemoGymSeedSessionResponse(instance_id=info.get("instance_id"))
         session = await seed_resources(who, body.resources_session_id, _canonical(body.episode_id), task_id, seed)
         _set_cookie(response, session.id)
         return NemoGymSeedSessionResponse(resources_session_id=body.resources_session_id)
+
+    async def open_rollout(owner: str | None, task_id: str | None, seed: int | None) -> tuple[Session, str, dict]:
+        """A session for one rollout. NeMo Gym's agent never retries a seed, so on a full server it
+        waits for a slot (up to ``seed_wait``) rather than failing; and its idle TTL is the short
+        rollout one, so a rollout the agent abandoned (its model failed, say) frees the slot soon."""
+        return await service.open_session(owner, task_id=task_id, seed=seed, protocol=PROTOCOL,
+                                          session_id=secrets.token_hex(16), wait=service.seed_wait,
+                                          idle_ttl=service.rollout_idle_ttl)
 
     async def seed_resources(owner: str | None, resources_id: str, episode: str, task_id: str | None,
                              seed: int | None) -> Session:
@@ -300,8 +309,7 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
                                          "long, or failed); seed a new id") from None
         entry = state.seeded[key] = _Seeded(episode)
         try:
-            session, _, _ = await service.open_session(owner, task_id=task_id, seed=seed, protocol=PROTOCOL,
-                                                       session_id=secrets.token_hex(16))
+            session, _, _ = await open_rollout(owner, task_id, seed)
         except BaseException:
             if state.seeded.get(key) is entry:  # a repeat may try again
                 del state.seeded[key]
@@ -316,28 +324,42 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
 
     # -- tools ----------------------------------------------------------------------------
 
+    def ended_outcome(session_id: str, owner: str | None) -> Outcome | None:
+        """How a session that is gone ended, when it ended by no choice of the agent: a failure, or
+        closed for idling (remembered as expired); None for a live or truly unknown one."""
+        outcome = failed_outcome(session_id, owner)
+        if outcome is None and service.manager.expired(session_id, owner):
+            outcome = Outcome.infrastructure(SESSION_EXPIRED, "the session was closed after idling longer than "
+                                                              f"{service.rollout_idle_ttl:g}s")
+        return outcome
+
+    async def run_tool(name: str, request: Request, who: str | None, sid: str) -> JSONResponse:
+        """One tool call of the model, answered as a tool output (200) whatever the model did: a
+        bad argument, an unknown tool or a call after the episode ended is explained in ``output``,
+        so the rollout goes on; the cookie is set on every answer."""
+        outcome = ended_outcome(sid, who)
+        if outcome is not None:
+            return _tool_answer(NemoGymToolResponse(output=_over_text(outcome), reward=0.0, done=True), sid)
+        session = service.manager.get(sid, who)
+        action = {"name": name, "arguments": await _arguments(request)}
+        try:
+            obs, reward, terminated, truncated, info = await service.step(session, action, protocol=PROTOCOL)
+        except EpisodeOver:
+            over = NemoGymToolResponse(output="The episode is over: stop calling tools.", reward=0.0, done=True)
+            return _tool_answer(over, sid)
+        except SessionBusy:
+            return error(409, "busy", "another call is running on this session; make one call at a time", sid)
+        except (SandboxError, OperationTimeout) as exc:
+            outcome, status, kind = failure(sid, who, exc)
+            return error(status, kind, f"{outcome.failure_reason}; the episode is over", sid)
+        done = terminated or truncated
+        if done:
+            state.outcomes[session] = Outcome.from_info(reward, info)
+        return _tool_answer(NemoGymToolResponse(output=obs, reward=reward, done=done), sid)
+
     def tool_route(name: str) -> Any:
         async def call_tool(request: Request, who: Owner, session_id: SessionCookie = None) -> Any:
-            sid = require_cookie(session_id)
-            outcome = failed_outcome(sid, who)
-            if outcome is not None:
-                return _tool_answer(NemoGymToolResponse(output=_over_text(outcome), reward=0.0, done=True), sid)
-            session = service.manager.get(sid, who)
-            action = {"name": name, "arguments": await _arguments(request)}
-            try:
-                obs, reward, terminated, truncated, info = await service.step(session, action, protocol=PROTOCOL)
-            except EpisodeOver:
-                over = NemoGymToolResponse(output="The episode is over: stop calling tools.", reward=0.0, done=True)
-                return _tool_answer(over, sid)
-            except SessionBusy:
-                return error(409, "busy", "another call is running on this session; make one call at a time", sid)
-            except (SandboxError, OperationTimeout) as exc:
-                outcome, status, kind = failure(sid, who, exc)
-                return error(status, kind, f"{outcome.failure_reason}; the episode is over", sid)
-            done = terminated or truncated
-            if done:
-                state.outcomes[session] = Outcome.from_info(reward, info)
-            return _tool_answer(NemoGymToolResponse(output=obs, reward=reward, done=done), sid)
+            return await run_tool(name, request, who, require_cookie(session_id))
 
         call_tool.__name__ = f"tool_{name}"
         return call_tool
@@ -362,11 +384,18 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
     @router.post("/verify", response_model=NemoGymVerifyResponse,
                  responses={**ERRORS, 400: {"model": ErrorBody, "description": "No session and no patch."},
                             409: {"model": ErrorBody, "description": "Busy, or the cookie names another task."}})
-    async def verify(body: NemoGymVerifyRequest, who: Owner, session_id: SessionCookie = None) -> NemoGymVerifyResponse:
+    async def verify(request: Request, body: NemoGymVerifyRequest, who: Owner,
+                     session_id: SessionCookie = None) -> Any:
         """Grade the session's workspace (submitting it unless a submit already ended the episode),
         close the session, and answer the request with ``reward``, ``mask_sample`` (true when the
         infrastructure failed, not the policy) and the report. Without a cookie: grade ``patch`` for
-        ``instance_id`` in a fresh sandbox."""
+        ``instance_id`` in a fresh sandbox.
+
+        NeMo Gym's agent posts a model's call of a tool named ``verify`` here too, with the
+        session's cookie: that body has no ``response`` (NeMo Gym's own verify always has one), and
+        is answered as the unknown tool it is, so a model cannot end its own episode early."""
+        if session_id is not None and body.response is None and body.responses_create_params is None:
+            return await run_tool("verify", request, who, session_id)
         if session_id is None:
             if body.instance_id is None or body.patch is None:
                 service.metrics.errors.labels("no_session").inc()
@@ -379,7 +408,7 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
                 service.metrics.errors.labels("timeout").inc()
                 outcome = Outcome.infrastructure(OPERATION_TIMEOUT, str(exc))
         else:
-            outcome = failed_outcome(session_id, who)
+            outcome = ended_outcome(session_id, who)
             if outcome is not None:
                 state.failed.pop(session_id, None)
                 instance_id = body.instance_id
@@ -446,6 +475,19 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
     async def aggregate_metrics(body: NemoGymAggregateMetricsRequest, who: Owner) -> NemoGymAggregateMetrics:
         """Reward and resolve rate over the verify responses NeMo Gym collected, masked samples left out."""
         return _aggregate(body.verify_responses)
+
+    # -- a tool the environment does not have (last: every other route matches first) ------
+
+    @router.post("/{tool_name}", include_in_schema=False)
+    async def unknown_tool(tool_name: str, request: Request, who: Owner,
+                           session_id: SessionCookie = None) -> JSONResponse:
+        """The model called a tool that does not exist. NeMo Gym's agent posts every call to
+        ``/<name>`` and feeds the answer back to the model: a bare 404 without the cookie would cost
+        the rollout its session. So within a session this is a tool output saying which tools
+        exist; without one it is the 404 any unknown path is."""
+        if not session_id:
+            raise HTTPException(404, "Not Found")
+        return await run_tool(tool_name, request, who, session_id)
 
     return router
 
@@ -521,23 +563,72 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+TASK_INDEX = "_ng_task_index"  # NeMo Gym's keys of a row's task and of its rollout of it
+ROLLOUT_INDEX = "_ng_rollout_index"
+STATS = ("mean", "max", "min", "median", "std")
+
+
+def _numeric_fields(response: dict[str, Any]) -> dict[str, float]:
+    """The numbers NeMo Gym's reward profiler describes: every top-level number or bool of a verify
+    response (bools as 0/1) and of its ``response.usage``, but the row indices."""
+    usage = (response.get("response") or {}).get("usage") or {}
+    fields: dict[str, float] = {}
+    for source in (usage, response):
+        for key, value in source.items():
+            if key in (TASK_INDEX, ROLLOUT_INDEX) or not isinstance(value, int | float):
+                continue
+            fields[key] = float(value)
+    return fields
+
+
+def _describe(rows: list[dict[str, float]]) -> dict[str, float]:
+    """``{stat}/{field}`` for each field: mean, max, min, median and sample standard deviation
+    (0 for a single value), as NeMo Gym's profiler writes them."""
+    out: dict[str, float] = {}
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    for stat in STATS:
+        for name in names:
+            values = [r[name] for r in rows if name in r]
+            if stat == "mean":
+                out[f"mean/{name}"] = statistics.fmean(values)
+            elif stat == "max":
+                out[f"max/{name}"] = max(values)
+            elif stat == "min":
+                out[f"min/{name}"] = min(values)
+            elif stat == "median":
+                out[f"median/{name}"] = statistics.median(values)
+            else:
+                out[f"std/{name}"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    return out
+
+
 def _aggregate(responses: list[dict[str, Any]]) -> NemoGymAggregateMetrics:
-    """Mean reward and resolve rate overall and per task, over the samples that were not masked."""
+    """NeMo Gym's aggregate shape (``nemo_gym.reward_profile.compute_aggregate_metrics``): one
+    ``group_level_metrics`` entry per ``_ng_task_index`` with ``{stat}/{field}`` over its rollouts
+    and their ``rollout_infos``; ``agent_metrics`` with the same over every rollout; ``key_metrics``
+    the ``mean/*`` ones. Masked samples (the infrastructure failed) are left out of every statistic,
+    as training leaves them out, and counted in ``num_masked``."""
+    if not responses:
+        return NemoGymAggregateMetrics()
+    by_task: dict[Any, list[dict[str, Any]]] = {}
+    for r in responses:
+        by_task.setdefault(r.get(TASK_INDEX, 0), []).append(r)
+    groups = []
+    for task_index in sorted(by_task, key=lambda k: (str(type(k)), k)):
+        rows = by_task[task_index]
+        scored = [r for r in rows if not r.get("mask_sample")]
+        infos = [{"rollout_id": f"{task_index}:{r.get(ROLLOUT_INDEX, 0)}", TASK_INDEX: task_index,
+                  ROLLOUT_INDEX: r.get(ROLLOUT_INDEX, 0), **_numeric_fields(r)} for r in scored]
+        groups.append({TASK_INDEX: task_index, **(_describe([_numeric_fields(r) for r in scored]) if scored else {}),
+                       "instance_id": rows[0].get("instance_id"), "num_rollouts": len(scored),
+                       "expected_num_rollouts": len(rows), "missing_num_rollouts": len(rows) - len(scored),
+                       "num_masked": len(rows) - len(scored),
+                       "rollout_infos": sorted(infos, key=lambda i: str(i[ROLLOUT_INDEX]))})
     scored = [r for r in responses if not r.get("mask_sample")]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in scored:
-        key = r.get("_ng_task_index", r.get("instance_id"))
-        groups.setdefault(str(key), []).append(r)
-
-    def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-        n = len(rows) or 1
-        return {"mean/reward": sum(float(r.get("reward") or 0.0) for r in rows) / n,
-                "resolved_rate": sum(bool(r.get("resolved")) for r in rows) / n}
-
-    overall = {**summary(scored), "num_samples": len(responses), "num_masked": len(responses) - len(scored)}
-    per_task = [{"task": key, "num_samples": len(rows), **summary(rows)} for key, rows in groups.items()]
-    return NemoGymAggregateMetrics(group_level_metrics=per_task, agent_metrics=overall,
-                            key_metrics={"mean/reward": overall["mean/reward"]})
+    agent = {**(_describe([_numeric_fields(r) for r in scored]) if scored else {}),
+             "num_samples": len(responses), "num_masked": len(responses) - len(scored)}
+    return NemoGymAggregateMetrics(group_level_metrics=groups, agent_metrics=agent,
+                                   key_metrics={k: v for k, v in agent.items() if k.startswith("mean/")})
 
 
 # -- dataset ------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -43,10 +44,15 @@ class OperationTimeout(RuntimeError):
     """An operation ran past its deadline; its session has been closed."""
 
 
+# How many sessions closed for idling are remembered (so a late call on one can say so).
+REMEMBERED_EXPIRED = 65_536
+
+
 class Session:
-    def __init__(self, owner: str | None, session_id: str | None = None) -> None:
+    def __init__(self, owner: str | None, session_id: str | None = None, idle_ttl: float | None = None) -> None:
         self.id = session_id or uuid.uuid4().hex
         self.owner = owner
+        self.idle_ttl = idle_ttl  # None: the manager's
         self.env: RepoEnv | None = None
         self.instance_id: str | None = None
         self.steps = 0
@@ -101,8 +107,13 @@ class Session:
 
 class SessionManager:
     """Sessions by id, at most ``max_sessions`` (creating counts from the start), each owned by a
-    token digest (or None without auth); idle longer than ``idle_ttl`` seconds: closed by
-    :meth:`reap_idle`."""
+    token digest (or None without auth); idle longer than ``idle_ttl`` seconds (or the session's
+    own): closed by :meth:`reap_idle`, and remembered as expired.
+
+    A create on a full manager fails at once (:class:`CapacityError`) unless it may wait: then it
+    queues, first come first served, until a slot frees or its wait runs out. Clients that retry
+    (the native API, with ``Retry-After``) should not wait; NeMo Gym's agent never retries a seed,
+    so its seeds queue instead of failing a whole batch."""
 
     def __init__(self, max_sessions: int = 32, idle_ttl: float = 900.0, operation_timeout: float = 1800.0) -> None:
         if max_sessions < 1:
@@ -114,6 +125,10 @@ class SessionManager:
         self._pending = 0
         self._starting: set[str] = set()
         self._limiter: anyio.CapacityLimiter | None = None
+        self._waiters: deque[object] = deque()
+        self._freed: anyio.Event | None = None  # set (and replaced) whenever a slot may have freed
+        self._expired: OrderedDict[str, str | None] = OrderedDict()
+        self.waited_seconds: Callable[[float], None] = lambda seconds: None  # observer of queued creates
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -132,17 +147,54 @@ class SessionManager:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def create(self, owner: str | None, start: Callable[[Session], T],
-                     session_id: str | None = None) -> tuple[Session, T]:
-        """Reserve a slot, run ``start(session)`` (which sets ``session.env``) in a thread, and
-        register the session once it succeeded. Raises :class:`CapacityError` when full.
-        ``session_id``: the id to use (default: a random one); it must not be in use."""
-        if len(self._sessions) + self._pending >= self.max_sessions:
+    @property
+    def waiting(self) -> int:
+        """Creates queued for a free slot."""
+        return len(self._waiters)
+
+    def _has_room(self) -> bool:
+        return len(self._sessions) + self._pending < self.max_sessions
+
+    def _slot_freed(self) -> None:
+        """Wake the queue: a slot may be free (called wherever a session or a pending start goes)."""
+        if self._freed is not None:
+            self._freed.set()
+            self._freed = None
+
+    async def _reserve(self, wait: float) -> None:
+        """Take a slot (``_pending``), queueing up to ``wait`` seconds behind earlier waiters."""
+        if self._has_room() and not self._waiters:
+            self._pending += 1
+            return
+        if wait <= 0:
             raise CapacityError(f"all {self.max_sessions} sessions are in use")
+        me = object()
+        self._waiters.append(me)
+        started = time.monotonic()
+        try:
+            with anyio.fail_after(wait):
+                while not (self._waiters[0] is me and self._has_room()):
+                    if self._freed is None:
+                        self._freed = anyio.Event()
+                    await self._freed.wait()
+        except TimeoutError:
+            raise CapacityError(f"all {self.max_sessions} sessions stayed in use for {wait:g}s") from None
+        finally:
+            self._waiters.remove(me)
+            self.waited_seconds(time.monotonic() - started)
+            self._slot_freed()  # the next in line may go too
+        self._pending += 1
+
+    async def create(self, owner: str | None, start: Callable[[Session], T], session_id: str | None = None, *,
+                     wait: float = 0.0, idle_ttl: float | None = None) -> tuple[Session, T]:
+        """Reserve a slot (waiting up to ``wait`` seconds for one), run ``start(session)`` (which
+        sets ``session.env``) in a thread, and register the session once it succeeded. Raises
+        :class:`CapacityError` when no slot is free in time. ``session_id``: the id to use
+        (default: a random one); it must not be in use. ``idle_ttl``: this session's own."""
         if session_id is not None and (session_id in self._sessions or session_id in self._starting):
             raise SessionBusy(session_id)
-        self._pending += 1
-        session = Session(owner, session_id)
+        await self._reserve(wait)
+        session = Session(owner, session_id, idle_ttl)
         self._starting.add(session.id)
         try:
             if not session.try_begin():  # cannot happen: nobody else knows this session yet
@@ -157,6 +209,12 @@ class SessionManager:
         finally:
             self._pending -= 1
             self._starting.discard(session.id)
+            self._slot_freed()
+
+    def expired(self, session_id: str, owner: str | None) -> bool:
+        """Whether ``session_id`` (of ``owner``) was closed for idling (remembered for the last
+        65,536 such sessions)."""
+        return session_id in self._expired and self._expired[session_id] == owner
 
     def get(self, session_id: str, owner: str | None) -> Session:
         session = self._sessions.get(session_id)
@@ -213,13 +271,15 @@ class SessionManager:
 
     async def close(self, session: Session) -> None:
         """Forget the session and close its environment (now if idle, else after its operation)."""
-        self._sessions.pop(session.id, None)
+        if self._sessions.pop(session.id, None) is not None:
+            self._slot_freed()
         if session.request_close():
             await self._close_env(session)
 
     def _discard_now(self, session: Session) -> None:
         """Like :meth:`close`, for places that cannot await: the close runs in a background thread."""
-        self._sessions.pop(session.id, None)
+        if self._sessions.pop(session.id, None) is not None:
+            self._slot_freed()
         if session.request_close():
             _close_in_background(session)
 
@@ -231,11 +291,15 @@ class SessionManager:
             log.warning("session %s: close failed: %s", session.id, exc)
 
     async def reap_idle(self) -> list[str]:
-        """Close sessions idle for longer than ``idle_ttl``; their ids."""
+        """Close sessions idle for longer than their idle TTL; their ids (remembered as expired)."""
         now = time.monotonic()
-        stale = [s for s in self._sessions.values() if not s.busy and now - s.last_used > self.idle_ttl]
+        stale = [s for s in self._sessions.values()
+                 if not s.busy and now - s.last_used > (self.idle_ttl if s.idle_ttl is None else s.idle_ttl)]
         for session in stale:
             log.info("session %s: idle for %.0fs, closing it", session.id, now - session.last_used)
+            self._expired[session.id] = session.owner
+            while len(self._expired) > REMEMBERED_EXPIRED:
+                self._expired.popitem(last=False)
             await self.close(session)
         return [s.id for s in stale]
 
@@ -245,7 +309,8 @@ class SessionManager:
             await self.close(session)
 
     def stats(self) -> dict[str, Any]:
-        return {"sessions": len(self._sessions), "pending": self._pending, "max_sessions": self.max_sessions}
+        return {"sessions": len(self._sessions), "pending": self._pending, "waiting": len(self._waiters),
+                "max_sessions": self.max_sessions}
 
 
 def _close_in_background(session: Session) -> None:

@@ -5,6 +5,7 @@ previous response), plus the typed session contract, auth, masking and the datas
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -230,13 +231,114 @@ def test_infrastructure_failure_is_masked(calc_tasks_file, row, monkeypatch):
         assert c.get("/healthz").json()["sessions"] == 0
 
 
-def test_aggregate_metrics_leave_masked_samples_out(http):
-    responses = [{"instance_id": "a", "reward": 1.0, "resolved": True}, {"instance_id": "a", "reward": 0.0},
-                 {"instance_id": "b", "reward": 0.0, "mask_sample": True}]
+def test_aggregate_metrics_in_nemo_gyms_shape_masked_samples_left_out(http):
+    """The shape of nemo_gym.reward_profile.compute_aggregate_metrics (0.4.0): one group per
+    _ng_task_index with {stat}/{field} (bools as 0/1, usage numbers included) and rollout_infos;
+    agent_metrics over every rollout; key_metrics the mean/ ones."""
+    usage = {"input_tokens": 10, "output_tokens": 4, "total_tokens": 14}
+    responses = [
+        {"_ng_task_index": 0, "_ng_rollout_index": 1, "instance_id": "a", "reward": 1.0, "resolved": True,
+         "mask_sample": False, "response": {"usage": usage}, "report": {"x": 1}},
+        {"_ng_task_index": 0, "_ng_rollout_index": 0, "instance_id": "a", "reward": 0.0, "resolved": False,
+         "mask_sample": False, "response": {"usage": {**usage, "output_tokens": 8}}},
+        {"_ng_task_index": 1, "_ng_rollout_index": 0, "instance_id": "b", "reward": 0.0, "resolved": False,
+         "mask_sample": True},
+        {"_ng_task_index": 2, "_ng_rollout_index": 0, "instance_id": "c", "reward": 1.0, "resolved": True},
+    ]
     m = http.post("/aggregate_metrics", json={"verify_responses": responses}).json()
-    assert m["agent_metrics"] == {"mean/reward": 0.5, "resolved_rate": 0.5, "num_samples": 3, "num_masked": 1}
-    assert m["key_metrics"] == {"mean/reward": 0.5}
-    assert m["group_level_metrics"] == [{"task": "a", "num_samples": 2, "mean/reward": 0.5, "resolved_rate": 0.5}]
+    first, masked, single = m["group_level_metrics"]
+    assert [g["_ng_task_index"] for g in m["group_level_metrics"]] == [0, 1, 2]
+    assert first["mean/reward"] == 0.5 and first["max/reward"] == 1.0 and first["min/reward"] == 0.0
+    assert first["median/reward"] == 0.5 and first["std/reward"] == pytest.approx(0.7071067811865476)
+    assert first["mean/resolved"] == 0.5 and first["mean/output_tokens"] == 6.0 and "mean/report" not in first
+    assert first["num_rollouts"] == 2 and first["instance_id"] == "a"
+    assert [i["rollout_id"] for i in first["rollout_infos"]] == ["0:0", "0:1"]
+    assert first["rollout_infos"][1]["reward"] == 1.0 and first["rollout_infos"][1]["_ng_rollout_index"] == 1
+    assert masked["num_masked"] == 1 and masked["num_rollouts"] == 0 and "mean/reward" not in masked
+    assert single["std/reward"] == 0.0 and single["mean/reward"] == 1.0
+    agent = m["agent_metrics"]
+    assert agent["mean/reward"] == pytest.approx(2 / 3) and agent["num_samples"] == 4 and agent["num_masked"] == 1
+    assert agent["max/reward"] == 1.0 and "mean/_ng_task_index" not in agent
+    assert m["key_metrics"] == {k: v for k, v in agent.items() if k.startswith("mean/")}
+    assert http.post("/aggregate_metrics", json={"verify_responses": []}).json() == {
+        "group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
+
+
+def test_an_unknown_tool_or_a_model_called_verify_keeps_the_rollout_alive(http, row, calc_task):
+    """NeMo Gym's agent posts every model call to /<tool name> and keeps only the cookies of the
+    latest answer: an unknown tool (or one named like a NeMo Gym route) is a tool output, cookie kept."""
+    rollout = seeded(http, row)
+    sid = rollout.cookies[COOKIE]
+    r = rollout.post("/python", {"code": "print(1)"})
+    assert r.status_code == 200 and rollout.cookies == {COOKIE: sid}
+    assert not r.json()["done"] and "unknown tool 'python'" in r.json()["output"] and "bash" in r.json()["output"]
+    r = rollout.post("/verify", {"anything": 1})  # the model "calling verify": no grading, no close
+    assert r.status_code == 200 and rollout.cookies == {COOKIE: sid} and "unknown tool 'verify'" in r.json()["output"]
+    rollout.post("/bash", apply_via_bash(calc_task.patch)["arguments"])
+    v = rollout.post("/verify", verify_body(row)).json()
+    assert v["reward"] == 1.0 and v["resolved"]
+    # without a session an unknown path stays a plain 404; an unknown cookie is still an error
+    assert http.post("/python", json={}).status_code == 404
+    assert http.post("/python", json={}, headers={"Cookie": f"{COOKIE}=nope"}).status_code == 404
+
+
+def test_a_full_server_queues_nemo_gym_seeds_and_the_native_api_still_says_429(calc_tasks_file, row):
+    import concurrent.futures
+
+    app = create_app(tasks=calc_tasks_file, max_sessions=1, seed_wait=30)
+    with serve(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        first = seeded(c, row)
+        native = c.post("/v1/sessions", json={"task_id": TASK})
+        assert native.status_code == 429 and "Retry-After" in native.headers
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(seeded, httpx.Client(base_url=url, timeout=60), row) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while _metric(c, "patchgym_sessions_waiting") < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _metric(c, "patchgym_sessions_waiting") == 2
+            assert not any(f.done() for f in waiting), "a queued seed answered while the server was full"
+            assert first.post("/verify", verify_body(row)).json()["reward"] == 0.0  # frees the slot
+            for _ in waiting:  # each queued seed gets the slot the one before it frees
+                done = next(f for f in concurrent.futures.as_completed(
+                    [f for f in waiting if not getattr(f, "verified", False)], timeout=60))
+                assert done.result().post("/verify", verify_body(row)).json()["reward"] == 0.0
+                done.verified = True
+        text = c.get("/metrics").text
+        assert _metric(c, "patchgym_sessions_waiting") == 0
+        assert 'patchgym_session_wait_seconds_count 2.0' in text
+
+
+def test_a_seed_that_waits_too_long_is_429(calc_tasks_file, row):
+    app = create_app(tasks=calc_tasks_file, max_sessions=1, seed_wait=0.5)
+    with serve(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        first = seeded(c, row)
+        started = time.monotonic()
+        r = c.post("/seed_session", json=row)
+        assert r.status_code == 429 and 0.4 < time.monotonic() - started < 10
+        assert first.post("/verify", verify_body(row)).status_code == 200
+
+
+def test_an_abandoned_rollout_frees_its_slot_and_a_late_verify_is_masked(calc_tasks_file, row):
+    app = create_app(tasks=calc_tasks_file, max_sessions=1, rollout_idle_ttl=1, idle_ttl=600)
+    with serve(app) as url, httpx.Client(base_url=url, timeout=60) as c:
+        abandoned = seeded(c, row)
+        deadline = time.monotonic() + 20
+        while c.get("/healthz").json()["sessions"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert c.get("/healthz").json()["sessions"] == 0, "the idle rollout session was not reaped"
+        r = abandoned.post("/bash", {"command": "true"})
+        assert r.status_code == 200 and r.json()["done"] and "idling" in r.json()["output"]
+        v = abandoned.post("/verify", verify_body(row)).json()
+        assert v["mask_sample"] is True and v["failure_kind"] == "patchgym:session_expired" and v["reward"] == 0.0
+        native = c.post("/v1/sessions", json={"task_id": TASK})  # the native TTL is its own, not the rollout one
+        assert native.status_code in (200, 201), native.text
+
+
+def _metric(http: httpx.Client, name: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
 
 
 def test_dataset_rows_are_well_formed(calc_tasks_file, calc_task, tmp_path, http):
