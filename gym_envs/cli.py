@@ -33,6 +33,8 @@ app.add_typer(tasks_app, name="tasks")
 sandboxes_app = typer.Typer(no_args_is_help=True, help="Sandboxes left behind by crashed processes.")
 app.add_typer(sandboxes_app, name="sandboxes")
 app.add_typer(images_app, name="images")
+nemo_gym_app = typer.Typer(no_args_is_help=True, help="Run patchgym as a NeMo Gym resources server.")
+app.add_typer(nemo_gym_app, name="nemo-gym")
 BackendOpt = Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")]
 IsolationOpt = Annotated[str, typer.Option("--isolation", help="Local backend: auto, bwrap or none.")]
 DEFAULT_WORKERS = max(1, os.cpu_count() or 1)
@@ -139,6 +141,47 @@ def tasks_nemo_gym_dataset(
         for row in nemo_gym_dataset_rows(task_set, agent_name=agent_name):
             f.write(json.dumps(row) + "\n")
     out.print(f"wrote {len(task_set)} NeMo Gym rows to {output}")
+
+
+@nemo_gym_app.command("init")
+def nemo_gym_init(
+    directory: Annotated[Path, typer.Argument(help="Where ng_run will run: resources_servers/patchgym/ goes here.")],
+    tasks: TasksOpt = None,
+    instance_ids: Annotated[list[str] | None, typer.Option(
+        "--instance-ids", help="Dataset rows for these ids only (repeat, or comma-separate).")] = None,
+    agent_name: Annotated[str, typer.Option("--agent-name", help="Name of the simple_agent entry.")] = "patchgym_agent",
+    model_server: Annotated[str, typer.Option(
+        "--model-server", help="Name of the responses_api_models entry the agent uses.")] = "policy_model",
+    external: Annotated[bool, typer.Option(
+        "--external", help="patchgym serve already runs at --host/--port: ng_run only checks on it.")] = False,
+    host: Annotated[str | None, typer.Option("--host", help="Address of the patchgym server.")] = None,
+    port: Annotated[int | None, typer.Option("--port", min=1, max=65535,
+                                             help="Its port (default: one NeMo Gym picks).")] = None,
+    backend: BackendOpt = "local",
+    max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, help="Sessions open at once.")] = 32,
+    serve_arg: Annotated[list[str] | None, typer.Option(
+        "--serve-arg", help="One more argument for `patchgym serve` (repeat).")] = None,
+    license_name: Annotated[str, typer.Option(
+        "--license", help="The dataset's license (NeMo Gym requires one).")] = "TBD",
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="simple_agent's model turns.")] = 100,
+) -> None:
+    """Write a NeMo Gym server directory for patchgym (entry point, dataset, config) that `ng_run`
+    accepts as it is; then run `ng_run` from DIRECTORY with the config it prints."""
+    from server.nemo_gym_setup import ServerDirOptions, write_server_dir  # lazily: gym_envs knows nothing of HTTP
+
+    task_set = _load(tasks, instance_ids)
+    serve_args = ["--backend", backend, "--max-sessions", str(max_sessions)]
+    if tasks is not None:
+        serve_args += ["--tasks", str(Path(tasks).resolve())]
+    options = ServerDirOptions(agent_name=agent_name, model_server=model_server, host=host, port=port,
+                               external=external, serve_args=serve_args + list(serve_arg or []),
+                               license=license_name, max_steps=max_steps)
+    try:
+        config = write_server_dir(directory, task_set, options)
+    except ValueError as exc:
+        fail(str(exc))
+    out.print(f"wrote {directory / config} and {len(task_set)} dataset row(s); then, in {directory}:")
+    out.print(f'  ng_run "+config_paths=[{config},<your model server config>]"', markup=False, highlight=False)
 
 
 def _validate_with_progress(task_set: TaskSet, verifier: Verifier, *, runs: int, workers: int,
