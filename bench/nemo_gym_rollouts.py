@@ -10,7 +10,9 @@ Needs root, debootstrap, ip, chroot, unshare, bwrap; the first run builds the ca
 Each run is one ``ng_collect_rollouts`` of N rows, ``--parallel`` at once (more than
 ``--max-sessions``: the extra rollouts wait for a free session), against one ``ng_run`` that stays up.
 Prints the medians over the runs of rollouts/minute and of the wall time per rollout (the run's wall
-time over N; a rollout's own latency is not in NeMo Gym's rows), plus each run's figures.
+time over N; a rollout's own latency is not in NeMo Gym's rows), plus each run's figures. Each run's
+time includes ``ng_collect_rollouts``' own start-up: ``one_noop_collect`` in the setup line is the time
+of a collection of a single no-op rollout, i.e. about that fixed cost.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def main() -> int:
     runs = []
     with ng.Stack(max_sessions=args.max_sessions, progress=lambda m: print(m, file=sys.stderr, flush=True)) as stack:
         setup = dict(stack.seconds)
+        # the fixed cost of one ng_collect_rollouts (its start-up, the /aggregate_metrics call): one no-op rollout
+        probe = stack.collect(["noop"], parallel=1)
+        setup["one_noop_collect"] = probe.seconds
         for i in range(args.runs):
             c = stack.collect([args.script] * args.rollouts, parallel=args.parallel)
             ok = c.returncode == 0 and len(c.rows) == args.rollouts

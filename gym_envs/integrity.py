@@ -26,6 +26,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from .grading import TestStatus, lookup
+from .pyast import parse as parse_python
 
 PASSING = (TestStatus.PASSED, TestStatus.XFAIL)
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)
@@ -64,7 +65,7 @@ def imported_names(source: bytes | None) -> list[str]:
     """The names a test module binds with its top-level imports (what the hidden tests use from
     the code under test), so the canaries can use them too."""
     try:
-        tree = ast.parse(source or b"")
+        tree = parse_python(source or b"")
     except (SyntaxError, ValueError):
         return []
     names: list[str] = []

@@ -32,6 +32,7 @@ from sandboxes.paths import cache_dir
 from sandboxes.repos import _source_id, git
 
 from .grading import TestStatus
+from .pyast import parse as parse_python
 from .task import DEFAULT_TEST_COMMAND, EnvironmentConfig, TestSpec
 from .testrun import TestRun
 
@@ -265,7 +266,7 @@ def setup_py_keywords(text: str) -> dict[str, Any]:
     """The literal keywords of the ``setup(...)`` call (python_requires, extras_require,
     tests_require); computed values are left out. setup.py is parsed, never run."""
     try:
-        tree = ast.parse(text)
+        tree = parse_python(text)
     except (SyntaxError, ValueError):
         return {}
     names: dict[str, ast.expr] = {}

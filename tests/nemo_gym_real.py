@@ -440,9 +440,9 @@ def dataset_rows(tasks: Path, instance_id: str, markers: list[str], *, env: dict
     """``patchgym tasks nemo-gym-dataset`` rows, one per marker, the marker added to the user message."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.jsonl"
-        subprocess.run([sys.executable, "-m", "gym_envs.cli", "tasks", "nemo-gym-dataset", "--tasks", str(tasks),
+        subprocess.run([*_patchgym_cli(), "tasks", "nemo-gym-dataset", "--tasks", str(tasks),
                         "--instance-ids", instance_id, "--output", str(out), "--agent-name", AGENT_NAME],
-                       check=True, capture_output=True, env=env, cwd=REPO_ROOT)
+                       check=True, capture_output=True, env=env, cwd=patchgym_tree())
         base = json.loads(out.read_text().splitlines()[0])
     rows = []
     for marker in markers:
@@ -453,13 +453,19 @@ def dataset_rows(tasks: Path, instance_id: str, markers: list[str], *, env: dict
     return rows
 
 
+def patchgym_tree() -> Path:
+    """The patchgym source tree whose CLI and server are run: ``$PATCHGYM_NEMO_GYM_TREE`` (e.g. a
+    ``git worktree`` of an older commit, to see which cases it fails), else this one."""
+    return Path(os.environ.get("PATCHGYM_NEMO_GYM_TREE") or REPO_ROOT).resolve()
+
+
 def _patchgym_cli() -> list[str]:
-    exe = shutil.which("patchgym")
-    return [exe] if exe else [sys.executable, "-m", "gym_envs.cli"]
+    return [sys.executable, "-m", "gym_envs.cli"]  # run from patchgym_tree(), first on PYTHONPATH
 
 
 def has_init_command(env: dict[str, str]) -> bool:
-    proc = subprocess.run([*_patchgym_cli(), "nemo-gym", "init", "--help"], capture_output=True, env=env, cwd=REPO_ROOT)
+    proc = subprocess.run([*_patchgym_cli(), "nemo-gym", "init", "--help"], capture_output=True, env=env,
+                          cwd=patchgym_tree())
     return proc.returncode == 0
 
 
@@ -531,7 +537,7 @@ def write_nemo_dir(work: Path, tasks: Path, instance_id: str, port: int, *, env:
     if has_init_command(env):
         subprocess.run([*_patchgym_cli(), "nemo-gym", "init", str(work), "--tasks", str(tasks), "--instance-ids",
                         instance_id, "--external", "--host", "127.0.0.1", "--port", str(port)],
-                       check=True, capture_output=True, env=env, cwd=REPO_ROOT)
+                       check=True, capture_output=True, env=env, cwd=patchgym_tree())
         how = "init"
     else:
         write_fallback_dir(work, port, max_steps)
@@ -541,7 +547,7 @@ def write_nemo_dir(work: Path, tasks: Path, instance_id: str, port: int, *, env:
         train.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([*_patchgym_cli(), "tasks", "nemo-gym-dataset", "--tasks", str(tasks), "--instance-ids",
                         instance_id, "--output", str(train), "--agent-name", AGENT_NAME],
-                       check=True, capture_output=True, env=env, cwd=REPO_ROOT)
+                       check=True, capture_output=True, env=env, cwd=patchgym_tree())
     return how
 
 
@@ -624,7 +630,8 @@ class Stack:
         self.tasks = tasks
         self.instance_id = instance_id
         self.progress = progress
-        self.keep = keep
+        self.keep = keep or (Path(os.environ["PATCHGYM_NEMO_GYM_KEEP"]) if os.environ.get("PATCHGYM_NEMO_GYM_KEEP")
+                             else None)
         self.seconds: dict[str, float] = {}
         self.how = "?"
         self._procs: list[subprocess.Popen] = []
@@ -641,15 +648,15 @@ class Stack:
             env["PATCHGYM_HOME"] = home
         else:
             env.pop("PATCHGYM_HOME", None)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(patchgym_tree()), str(REPO_ROOT), env.get("PYTHONPATH")]))
         return env
 
-    def _start(self, name: str, argv: list[str]) -> tuple[subprocess.Popen, Path]:
+    def _start(self, name: str, argv: list[str], cwd: Path | None = None) -> tuple[subprocess.Popen, Path]:
         log_path = self.run_dir / f"{name}.log"
         fh = log_path.open("wb")
         self._logs.append(fh)
         p = subprocess.Popen(self.ns.argv(argv), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=self.env, cwd=REPO_ROOT, start_new_session=True)
+                             env=self.env, cwd=cwd or patchgym_tree(), start_new_session=True)
         self._procs.append(p)
         return p, log_path
 
@@ -680,7 +687,7 @@ class Stack:
         with tempfile.TemporaryDirectory(prefix="pg-nemo-warm-") as warm:
             proc = subprocess.run([*_patchgym_cli(), "eval", "--predictions", "gold", "--tasks", str(self.tasks),
                                    "--instance-ids", self.instance_id, "--output", warm], capture_output=True,
-                                  text=True, env=self.env, cwd=REPO_ROOT)
+                                  text=True, env=self.env, cwd=patchgym_tree())
             if proc.returncode != 0:
                 raise RuntimeError(f"warm-up `patchgym eval --predictions gold` failed:\n{proc.stdout[-3000:]}\n"
                                    f"{proc.stderr[-3000:]}")
@@ -691,7 +698,7 @@ class Stack:
         self.run_dir.chmod(0o1777)
         (self.run_dir / "home").mkdir()
         self.work = self.run_dir / "work"
-        self.work.mkdir()
+        (self.work / "results").mkdir(parents=True)
         self.how = write_nemo_dir(self.work, self.tasks, self.instance_id, PATCHGYM_PORT, env=self.env)
         (self.work / "policy_model.yaml").write_text(MODEL_YAML)
         scripts = self.run_dir / "scripts.json"
@@ -705,7 +712,8 @@ class Stack:
             "--max-sessions", str(self.max_sessions), "--tasks", str(self.tasks)])
         ready = self.run_dir / "model.ready"
         model, model_log = self._start("model", [sys.executable, "-m", "tests.nemo_gym_real", "model", "--port",
-                                                 str(MODEL_PORT), "--scripts", str(scripts), "--ready", str(ready)])
+                                                 str(MODEL_PORT), "--scripts", str(scripts), "--ready", str(ready)],
+                                       cwd=REPO_ROOT)
         _wait_for(ready.exists, 60, "the scripted model did not start", self._dead(("model", model, model_log)))
         config_paths = f"[{RESOURCES_DIR}/configs/patchgym.yaml,policy_model.yaml]"
         self.ng_run, self.ng_run_log = self._start("ng_run", chroot_argv(self.root, [
@@ -776,9 +784,12 @@ class Stack:
             for fh in self._logs:
                 fh.close()
             if self.run_dir is not None:
-                if self.keep is not None:
-                    shutil.copytree(self.run_dir, self.keep, dirs_exist_ok=True)
-                shutil.rmtree(self.run_dir, ignore_errors=True)
+                try:
+                    if self.keep is not None:  # the logs and NeMo Gym's files, not Ray's sockets
+                        shutil.copytree(self.run_dir, self.keep, dirs_exist_ok=True, symlinks=True,
+                                        ignore=shutil.ignore_patterns("ray", "pymp-*", "*wandb*", "home"))
+                finally:
+                    shutil.rmtree(self.run_dir, ignore_errors=True)
                 self.run_dir = None
 
 

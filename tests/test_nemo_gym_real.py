@@ -53,8 +53,10 @@ def test_oracle_tool_calls_reward_one(stack):
     assert row["resolved"] is True and row["instance_id"] == ng.DEFAULT_INSTANCE
     calls = [o["name"] for o in row["response"]["output"] if o.get("type") == "function_call"]
     assert calls == ["bash", "bash", "submit"]
-    # the aggregate NeMo Gym wrote from patchgym's /aggregate_metrics
+    # the aggregate NeMo Gym wrote from patchgym's /aggregate_metrics, in NeMo Gym's own shape
+    # (key_metrics: the mean/* entries of agent_metrics)
     assert c.metrics and c.metrics[0]["agent_ref"]["name"] == ng.AGENT_NAME, c.metrics
+    assert c.metrics[0]["key_metrics"].get("mean/reward") == 1.0, c.metrics
 
 
 def test_no_op_submit_reward_zero(stack):
@@ -70,6 +72,8 @@ def test_more_rollouts_than_sessions_every_row_written(stack):
     rewards = c.rewards()
     assert rewards["oracle"] == [1.0] * markers.count("oracle"), explain(stack, c)
     assert rewards["noop"] == [0.0] * markers.count("noop"), explain(stack, c)
+    mean = markers.count("oracle") / len(markers)
+    assert c.metrics and c.metrics[0]["key_metrics"].get("mean/reward") == pytest.approx(mean), c.metrics
 
 
 def test_unknown_tool_then_oracle_reward_one(stack):

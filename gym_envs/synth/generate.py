@@ -38,6 +38,7 @@ from pathlib import Path, PurePosixPath
 from ..backends import SandboxFactory
 from ..catalog import TaskSet
 from ..patches import is_test_or_config
+from ..pyast import parse as parse_python
 from ..registry import RepoRecord
 from ..task import Task, load_tasks, save_tasks
 from ..testrun import TestRun, probe
@@ -226,7 +227,7 @@ def referenced_names(test_sources: Iterable[str]) -> set[str]:
     names: set[str] = set()
     for source in test_sources:
         try:
-            tree = ast.parse(source)
+            tree = parse_python(source)
         except SyntaxError:
             names.update(_WORD.findall(source))
             continue
@@ -419,7 +420,7 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
         trees = {}
         for path, text in sources.items():
             try:
-                trees[path] = ast.parse(text)
+                trees[path] = parse_python(text)
             except SyntaxError:
                 continue
         reach = reachable_functions(trees, referenced_names(tests.values()))

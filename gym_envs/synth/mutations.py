@@ -22,6 +22,8 @@ import tokenize
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from ..pyast import parse as parse_python
+
 KINDS = ("operator", "comparison", "off_by_one", "remove_statement", "remove_branch", "swap_operands",
          "swap_arguments", "invert_condition", "change_default", "break_return")
 DESCRIPTIONS = {
@@ -603,7 +605,7 @@ class Site:
 class _Module:
     def __init__(self, source: str) -> None:
         self.source = source
-        self.tree = ast.parse(source)
+        self.tree = parse_python(source)
         self.text = _Text(source)
         self.dump = ast.dump(self.tree)
         self._dumps: dict[str, str] = {}
@@ -625,7 +627,7 @@ class _Module:
         candidates.append(self._regenerate(original, func))
         for source in candidates:
             try:
-                if ast.dump(ast.parse(source)) == expected:
+                if ast.dump(parse_python(source)) == expected:
                     return Mutant(site.kind, original.qualname, site.number, site.change.description, source,
                                   original.lines)
             except (SyntaxError, ValueError):

@@ -15,6 +15,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
+from ..pyast import parse as parse_python
+
 log = logging.getLogger(__name__)
 
 SHOWN_TESTS = 5
@@ -74,7 +76,7 @@ def test_calls(test_sources: dict[str, str], tests: Iterable[str], defined: set[
         path, *rest = test.split("::")
         if path not in trees:
             try:
-                trees[path] = ast.parse(test_sources[path]) if path in test_sources else None
+                trees[path] = parse_python(test_sources[path]) if path in test_sources else None
             except SyntaxError:
                 trees[path] = None
         tree = trees[path]
