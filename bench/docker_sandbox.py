@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_sandbox import print_results, summary, timed  # noqa: E402  (also puts the repository on sys.path)
 
 from gym_envs import load_task_set  # noqa: E402
-from gym_envs.backends import sandbox_spec  # noqa: E402
 from sandboxes.docker import DockerSandbox, WarmPool  # noqa: E402
 from sandboxes.limits import ResourceLimits  # noqa: E402
+from tasks.backends import sandbox_spec  # noqa: E402
 
 
 def minisweagent_docker(image: str):

@@ -58,9 +58,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gym_envs.catalog import TaskSet, load_task_set  # noqa: E402
 from gym_envs.envs.repo_env import RepoEnv  # noqa: E402
 from sandboxes.paths import cache_dir  # noqa: E402
+from tasks.catalog import TaskSet, load_task_set  # noqa: E402
 
 # Cheap, read-mostly commands an agent runs while exploring, plus one edit (so the submit has a
 # diff to apply). Session i starts at command i, so at any moment the sessions run a mix.

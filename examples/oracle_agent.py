@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gym_envs  # noqa: E402  (importing registers the environments)
 import server  # noqa: E402  (registers patchgym/Remote-v0)
-from gym_envs.patches import split_diff  # noqa: E402
+from gym_envs.grading.patches import split_diff  # noqa: E402
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 BEGIN = "<<<ORACLE-BOF>>>"

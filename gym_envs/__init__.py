@@ -1,15 +1,17 @@
-"""The gym: task model, verifier, Gymnasium environments, evaluation, validation and the CLI.
+"""The gym: grading (:mod:`gym_envs.grading`), the Gymnasium environments (:mod:`gym_envs.envs`),
+task making (:mod:`gym_envs.making`) and the command line (:mod:`gym_envs.cli`); the task model
+and catalog are the :mod:`tasks` package. ``docs/architecture.md`` maps the layers.
 
 Importing this package registers ``patchgym/RepoEnv-v0`` (multi-turn, tool calls) and
-``patchgym/PatchEnv-v0`` (one step, a unified diff) with Gymnasium.
+``patchgym/PatchEnv-v0`` (one step, a unified diff) with Gymnasium, by name only: nothing else is
+imported until it is used, so ``import gym_envs`` stays cheap and any layer may be imported alone.
+The names below are kept here for the code that imports them from ``gym_envs``.
 """
 
-import gymnasium
+from importlib import import_module
+from typing import Any
 
-from .catalog import TaskSet, UnknownTaskError, load_task_set
-from .task import Task, TaskFileError, load_tasks, save_tasks
-from .trajectory import TrajectoryRecorder
-from .verifier import InstanceReport, Verifier
+import gymnasium
 
 # nondeterministic: grading runs a real test suite, and a seeded reset draws the same task but the
 # world (time, the sandbox) is not replayed.
@@ -18,5 +20,16 @@ for _id, _entry in (("patchgym/RepoEnv-v0", "gym_envs.envs.repo_env:RepoEnv"),
     if _id not in gymnasium.registry:
         gymnasium.register(id=_id, entry_point=_entry, nondeterministic=True)
 
-__all__ = ["InstanceReport", "Task", "TaskFileError", "TaskSet", "TrajectoryRecorder", "UnknownTaskError",
-           "Verifier", "load_task_set", "load_tasks", "save_tasks"]
+_EXPORTS = {
+    "InstanceReport": "gym_envs.grading.verifier", "Verifier": "gym_envs.grading.verifier",
+    "TrajectoryRecorder": "gym_envs.envs.trajectory",
+    "Task": "tasks.model", "TaskFileError": "tasks.model", "load_tasks": "tasks.model", "save_tasks": "tasks.model",
+    "TaskSet": "tasks.catalog", "UnknownTaskError": "tasks.catalog", "load_task_set": "tasks.catalog",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'gym_envs' has no attribute {name!r}")

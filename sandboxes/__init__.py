@@ -13,10 +13,10 @@ from .base import (
     SandboxError,
     WorkspaceError,
 )
+from .cleanup import reap_stale
 from .environments import EnvironmentSpec
 from .limits import ResourceLimits
 from .local import LocalSandbox, SandboxSpec
-from .reaper import reap_stale
 
 __all__ = [
     "EnvironmentBuildError", "EnvironmentSpec", "ExecResult", "LocalSandbox",

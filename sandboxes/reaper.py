@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .paths import cache_dir
-
 OWNED_DIRS = ("sandboxes", "etc", "builds")
 
 
@@ -45,15 +43,3 @@ def stale_children(root: Path) -> list[Path]:
         if owner is not None and not is_alive(owner):
             out.append(child)
     return out
-
-
-def reap_stale() -> int:
-    """Remove leftovers of dead processes (cgroups first, so their processes die); return how many."""
-    from .limits import reap_stale_cgroups
-    from .mounts import remove_tree
-
-    removed = reap_stale_cgroups()
-    for kind in OWNED_DIRS:
-        for child in stale_children(cache_dir(kind)):
-            removed += remove_tree(child)
-    return removed

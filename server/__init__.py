@@ -1,4 +1,4 @@
-"""HTTP server for remote trainers: ``server.app.create_app`` (FastAPI), ``server.client.RemoteEnv``
+"""HTTP server for remote trainers: ``server.create_app`` (FastAPI), ``server.client.RemoteEnv``
 and, for batched rollouts, ``server.async_client.AsyncClient`` (also ``server.AsyncClient``).
 
 Importing this package registers ``patchgym/Remote-v0`` with Gymnasium
@@ -14,7 +14,7 @@ import gymnasium
 if "patchgym/Remote-v0" not in gymnasium.registry:
     gymnasium.register(id="patchgym/Remote-v0", entry_point="server.client:RemoteEnv", nondeterministic=True)
 
-_LAZY = {"AsyncClient": "server.async_client", "run_many": "server.async_client",
+_LAZY = {"create_app": "server.app", "AsyncClient": "server.async_client", "run_many": "server.async_client",
          "RetriesExhausted": "server.async_client", "RemoteEnv": "server.client", "RemoteEnvError": "server.client"}
 
 

@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gym_envs.catalog import TaskSet, UnknownTaskError, load_task_set
 from sandboxes import SandboxError
+from tasks.catalog import TaskSet, UnknownTaskError, load_task_set
 
 from .core import EnvService, EpisodeOver
 from .models import (

@@ -17,11 +17,11 @@ from fastapi import Depends, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gym_envs.backends import sandbox_factory
-from gym_envs.catalog import TaskSet
 from gym_envs.envs.repo_env import RepoEnv
-from gym_envs.verifier import InstanceReport, Verifier
+from gym_envs.grading.verifier import InstanceReport, Verifier
 from sandboxes import SandboxError, reap_stale
+from tasks.backends import sandbox_factory
+from tasks.catalog import TaskSet
 
 from .sessions import OperationTimeout, Session, SessionManager
 

@@ -27,11 +27,11 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from gym_envs.catalog import TaskSet
 from gym_envs.envs.common import task_briefing
 from gym_envs.envs.repo_env import RepoEnv
-from gym_envs.verifier import InstanceReport
+from gym_envs.grading.verifier import InstanceReport
 from sandboxes import SandboxError
+from tasks.catalog import TaskSet
 
 from .core import SUBMIT, EnvService, EpisodeOver
 from .models import ErrorBody

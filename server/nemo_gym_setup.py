@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gym_envs.catalog import TaskSet
+from tasks.catalog import TaskSet
 
 from .nemo_gym import nemo_gym_dataset_rows
 

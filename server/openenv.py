@@ -21,8 +21,8 @@ from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from gym_envs.catalog import UnknownTaskError
 from sandboxes import SandboxError
+from tasks.catalog import UnknownTaskError
 
 from .core import EnvService, EpisodeOver
 from .models import ErrorBody

@@ -1,7 +1,10 @@
-"""The bundled task catalog: task rows in ``instances/*.jsonl`` and their repositories as git
-bundles in ``repos/*.bundle`` (so every ``base_commit`` is a real commit id).
+"""What a task is and where tasks come from: the task model (:mod:`tasks.model`), the catalog of
+task sets (:mod:`tasks.catalog`), the sandbox a task needs (:mod:`tasks.backends`), SWE-bench rows
+and predictions (:mod:`tasks.swebench_io`, :mod:`tasks.predictions`), and the bundled tasks
+themselves: rows in ``instances/*.jsonl`` and their repositories as git bundles in
+``repos/*.bundle`` (so every ``base_commit`` is a real commit id).
 
-This package holds data only; :mod:`gym_envs.catalog` loads it.
+It sits right above :mod:`sandboxes` and below grading: nothing here grades or runs an agent.
 """
 
 from pathlib import Path

@@ -109,7 +109,7 @@ def calc_task(calc_tasks_file):
 
 @pytest.fixture
 def calc_sandbox(calc_task):
-    from gym_envs.backends import make_sandbox
+    from tasks.backends import make_sandbox
 
     sandbox = make_sandbox(calc_task)
     yield sandbox

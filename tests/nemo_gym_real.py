@@ -24,6 +24,17 @@ server replays that script, one tool call per turn (the turn is the number of ``
 items already in the input), then answers a plain assistant message, which ends ``simple_agent``'s
 loop.
 
+The NeMo Gym directory is what ``patchgym nemo-gym init DIR --external`` writes (the same shape is
+written here when the tree lacks that command). Environment:
+
+``PATCHGYM_NEMO_GYM_CACHE``  where roots are kept (default ``cache_dir("nemo-gym")`` of the
+                             ``PATCHGYM_HOME`` the process started with, not the tests' temp home)
+``PATCHGYM_NEMO_GYM_HOME``   the ``PATCHGYM_HOME`` of the patchgym side (task venvs, checkouts);
+                             default: the one the process started with
+``PATCHGYM_NEMO_GYM_TREE``   the patchgym source tree to run (e.g. ``git archive`` of an older
+                             commit unpacked somewhere); default: this one
+``PATCHGYM_NEMO_GYM_KEEP``   copy the run directory (logs, NeMo Gym's files) there at the end
+
 Command line (used by the tests and ``bench/nemo_gym_rollouts.py``)::
 
     python -m tests.nemo_gym_real build            # build (or find) the cached root, print its path
@@ -460,7 +471,14 @@ def patchgym_tree() -> Path:
 
 
 def _patchgym_cli() -> list[str]:
-    return [sys.executable, "-m", "gym_envs.cli"]  # run from patchgym_tree(), first on PYTHONPATH
+    """The ``patchgym`` command of :func:`patchgym_tree` (its ``[project.scripts]`` entry point, run
+    with this Python; the tree is first on ``PYTHONPATH``), whatever module it lives in."""
+    import tomllib
+
+    pyproject = tomllib.loads((patchgym_tree() / "pyproject.toml").read_text())
+    module, _, func = pyproject["project"]["scripts"]["patchgym"].partition(":")
+    code = f"import sys; from {module} import {func} as entry; sys.argv[0] = 'patchgym'; sys.exit(entry())"
+    return [sys.executable, "-c", code]
 
 
 def has_init_command(env: dict[str, str]) -> bool:

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from gym_envs import Verifier
-from gym_envs.backends import make_sandbox, sandbox_factory
 from sandboxes import PathOutsideWorkspaceError, SandboxClosedError
+from tasks.backends import make_sandbox, sandbox_factory
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 
 import tasks as bundled
 from gym_envs import UnknownTaskError, load_task_set
-from gym_envs.catalog import repo_source
-from gym_envs.patches import is_test_or_config, touched_paths
+from gym_envs.grading.patches import is_test_or_config, touched_paths
+from tasks.catalog import repo_source
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_unknown_instance_id_is_a_clear_error(catalog):
 def test_every_bundled_task_validates(catalog):
     """Gold resolves, no change does not (tests really run), two gold runs agree."""
     from gym_envs import Verifier
-    from gym_envs.validation import validate_tasks
+    from gym_envs.making.validation import validate_tasks
 
     results = validate_tasks(catalog, Verifier(), runs=2, workers=2)
     problems = {r.instance_id: r.problems for r in results if not r.ok}

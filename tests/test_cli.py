@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gym_envs import cli
 from gym_envs.cli import app
+from gym_envs.cli import commands as cli
 
 runner = CliRunner()
 cli.out.width = cli.console.width = 300  # no wrapping inside table cells

@@ -105,8 +105,8 @@ def test_environment_image_is_built_once_and_has_pytest(client, calc_task, env_t
 
 @pytest.mark.slow
 def test_instance_image_has_no_history_after_base(client, calc_task, calc_repo, env_tag):
-    from gym_envs.backends import sandbox_spec
     from sandboxes.docker.images import instance_image
+    from tasks.backends import sandbox_spec
 
     _, info = calc_repo
     spec = sandbox_spec(calc_task)
@@ -216,7 +216,7 @@ def test_build_steps_get_the_hosts_pip_variables_minus_missing_paths(client, doc
 
 @pytest.mark.slow
 def test_cli_build_list_and_errors(client, calc_tasks_file):
-    from gym_envs import images_cli
+    from gym_envs.cli import images as images_cli
 
     app = typer.Typer()
     app.add_typer(images_cli.images_app, name="images")

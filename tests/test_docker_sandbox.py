@@ -8,8 +8,8 @@ import gymnasium as gym
 import pytest
 
 import gym_envs  # noqa: F401
-from gym_envs.backends import sandbox_spec
 from sandboxes.limits import ResourceLimits
+from tasks.backends import sandbox_spec
 
 
 @pytest.fixture(scope="module")

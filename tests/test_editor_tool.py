@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gym_envs.tools import StrReplaceEditor, ToolError
+from gym_envs.envs.tools import StrReplaceEditor, ToolError
 
 CALC = "calc/__init__.py"
 CALC_TEXT_START = '"""Small numeric helpers."""\n\n\ndef clamp(x, lo, hi):\n'

@@ -10,9 +10,9 @@ import pytest
 from conftest import PYTEST_PIN, calc_task_row
 
 from gym_envs import Verifier, load_tasks
-from gym_envs.backends import make_sandbox
 from sandboxes import EnvironmentBuildError, EnvironmentSpec
 from sandboxes.environments import ensure_environment, find_interpreter
+from tasks.backends import make_sandbox
 
 
 def _task(tmp_path, calc_repo, **overrides):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gym_envs.grading import JunitError, TestStatus, grade, lookup, parse_junit
+from gym_envs.grading.outcome import JunitError, TestStatus, grade, lookup, parse_junit
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="7">

@@ -10,9 +10,11 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from gym_envs import cli, load_tasks
+from gym_envs import load_tasks
 from gym_envs.cli import app
-from gym_envs.mining import (
+from gym_envs.cli import commands as cli
+from gym_envs.grading.verifier import Verifier
+from gym_envs.making.mining import (
     Dropped,
     DropReason,
     MiningError,
@@ -25,9 +27,8 @@ from gym_envs.mining import (
     resolve_issue_texts,
     resolve_tip,
 )
-from gym_envs.registry import RepoRecord, save_repo
-from gym_envs.task import EnvironmentConfig, TestSpec, save_tasks
-from gym_envs.verifier import Verifier
+from gym_envs.making.registry import RepoRecord, save_repo
+from tasks.model import EnvironmentConfig, TestSpec, save_tasks
 
 cli.out.width = cli.console.width = 300
 

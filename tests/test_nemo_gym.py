@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from gym_envs.catalog import load_task_set
 from server.app import create_app
 from server.nemo_gym import COOKIE, nemo_gym_dataset_rows
+from tasks.catalog import load_task_set
 from tests.serving import serve
 from tests.test_server import TASK, apply_via_bash
 

@@ -4,7 +4,8 @@ resources server, with a scripted model (see tests/nemo_gym_real.py for how it i
 trixie root for Python 3.13, a loopback-only network namespace).
 
 Opt-in: ``PATCHGYM_NEMO_GYM=1 python -m pytest tests/test_nemo_gym_real.py`` (root, debootstrap, ip,
-chroot, unshare, bwrap; the first run builds the root from PyPI and the Debian mirror, ~4 min).
+chroot, unshare, bwrap; the first run builds the root from PyPI and the Debian mirror, ~3 min;
+a warm run takes ~1 min). ``PATCHGYM_NEMO_GYM_TREE=DIR`` runs another patchgym tree's server.
 The rewards asserted are those of the rollout rows NeMo Gym writes.
 """
 

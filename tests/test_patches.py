@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs.patch_apply import apply_patch
-from gym_envs.patches import (
+from gym_envs.grading.patch_apply import apply_patch
+from gym_envs.grading.patches import (
     MAX_PATCH_BYTES,
     FilePatch,
     PatchError,

@@ -6,6 +6,7 @@ Runtime dependencies that only the test extra brought in (websockets, once) fail
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,8 +29,12 @@ def plain_venv(tmp_path_factory) -> Path:
     """The project's wheel installed without extras into a venv of its own (dependencies from the
     package index, as a user's ``pip install .`` gets them)."""
     work = tmp_path_factory.mktemp("plain")
-    wheels = work / "wheels"
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+    wheels, source = work / "wheels", work / "source"
+    # From a copy: setuptools builds in the source tree's build/, whose leftovers (a module since
+    # moved or deleted) would end up in the wheel and hide a missing file.
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
+                                                                ".pytest_cache", ".venv", "runs", "logs"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = wheels.glob("patchgym-*.whl")

@@ -11,10 +11,11 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from gym_envs import cli
 from gym_envs.cli import app
-from gym_envs.grading import TestStatus
-from gym_envs.repo_setup import (
+from gym_envs.cli import commands as cli
+from gym_envs.grading.outcome import TestStatus
+from gym_envs.grading.testrun import TestRun
+from gym_envs.making.repo_setup import (
     RepoFiles,
     RepoSetupError,
     UnsupportedRepoError,
@@ -26,7 +27,6 @@ from gym_envs.repo_setup import (
     resolve_rev,
     setup_py_keywords,
 )
-from gym_envs.testrun import TestRun
 
 runner = CliRunner()
 cli.out.width = cli.console.width = 300  # no wrapping inside table cells
@@ -253,7 +253,7 @@ def test_suite_check_verdicts():
 
 
 def test_repos_add_registers_a_passing_repository_and_lists_it(tmp_path):
-    from gym_envs.registry import get_repo, registry_dir
+    from gym_envs.making.registry import get_repo, registry_dir
 
     repo = tmp_path / "tinylib"
     sha = commit(repo, {**LIB, **PASSING_TESTS, "requirements-test.txt": f"{PYTEST_PIN}\n"})
@@ -280,7 +280,7 @@ def test_repos_add_registers_a_passing_repository_and_lists_it(tmp_path):
 
 
 def test_repos_add_refuses_a_mostly_failing_suite_naming_the_failures(tmp_path):
-    from gym_envs.registry import registry_dir
+    from gym_envs.making.registry import registry_dir
 
     repo = tmp_path / "broken"
     commit(repo, {**LIB, "requirements-test.txt": f"{PYTEST_PIN}\n", "tests/test_broken.py": (

@@ -36,10 +36,10 @@ import pytest
 
 import gym_envs  # noqa: F401  (registers patchgym/RepoEnv-v0)
 from gym_envs import load_task_set
-from gym_envs.backends import sandbox_factory
-from gym_envs.catalog import TaskSet, repo_source
-from gym_envs.task import Task
-from gym_envs.verifier import Verifier
+from gym_envs.grading.verifier import Verifier
+from tasks.backends import sandbox_factory
+from tasks.catalog import TaskSet, repo_source
+from tasks.model import Task
 
 TASK_IDS = ("patchgym__semverkit-1", "patchgym__textable-1")
 

@@ -125,7 +125,7 @@ def test_paths_outside_the_workspace_are_refused(calc_sandbox):
 
 
 def test_close_is_idempotent_and_frees_everything(calc_task):
-    from gym_envs.backends import make_sandbox
+    from tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task)
     root = sb.root
@@ -140,7 +140,7 @@ def test_close_is_idempotent_and_frees_everything(calc_task):
 
 
 def test_bad_base_commit_is_an_infrastructure_error(calc_task):
-    from gym_envs.backends import sandbox_spec
+    from tasks.backends import sandbox_spec
 
     spec = sandbox_spec(calc_task)
     with pytest.raises(SandboxError, match="not in repository"):
@@ -216,7 +216,7 @@ def _cgroups_active(sb) -> bool:
 
 def test_process_limit_is_enforced_before_any_fork_bomb(calc_task):
     """Proves the pids bound with harmless sleeps; only then runs a real fork bomb."""
-    from gym_envs.backends import make_sandbox
+    from tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task, limits=ResourceLimits(max_processes=40))
     try:
@@ -236,7 +236,7 @@ def test_process_limit_is_enforced_before_any_fork_bomb(calc_task):
 
 
 def test_memory_limit_kills_a_runaway_allocation(calc_task):
-    from gym_envs.backends import make_sandbox
+    from tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task, limits=ResourceLimits(memory_bytes=256 << 20))
     try:
@@ -248,7 +248,7 @@ def test_memory_limit_kills_a_runaway_allocation(calc_task):
 
 
 def test_file_size_limit(calc_task):
-    from gym_envs.backends import make_sandbox
+    from tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task, limits=ResourceLimits(file_size_bytes=1 << 20))
     try:
@@ -261,7 +261,7 @@ def test_file_size_limit(calc_task):
 
 def test_unisolated_fallback_warns_and_still_works(calc_task, caplog, monkeypatch):
     import sandboxes.local as local
-    from gym_envs.backends import make_sandbox
+    from tasks.backends import make_sandbox
 
     monkeypatch.setattr(local, "_warned_unisolated", False)
     monkeypatch.setattr(local, "bwrap_path", lambda: None)
@@ -291,7 +291,7 @@ def test_reaper_removes_leftovers_of_dead_processes(calc_task, tmp_path):
         "import os, sys\n"
         f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
         "from gym_envs import load_tasks\n"
-        "from gym_envs.backends import make_sandbox\n"
+        "from tasks.backends import make_sandbox\n"
         f"sb = make_sandbox(load_tasks({str(calc_task.source_file)!r})[0])\n"
         "print(os.getpid(), sb.root, flush=True)\n"
         "os.kill(os.getpid(), 9)\n"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs.backends import make_sandbox
 from sandboxes import ResourceLimits, SandboxError, WorkspaceError
 from sandboxes.mounts import mounts_under
+from tasks.backends import make_sandbox
 
 ENOSPC = "No space left on device"
 SMALL_DISK = ResourceLimits(disk_bytes=64 << 20, disk_files=3000)
@@ -154,7 +154,7 @@ def test_a_killed_owner_leaves_no_mounts_and_the_checkout_intact(calc_task):
         "import os, sys\n"
         f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
         "from gym_envs import load_tasks\n"
-        "from gym_envs.backends import make_sandbox\n"
+        "from tasks.backends import make_sandbox\n"
         f"sb = make_sandbox(load_tasks({str(calc_task.source_file)!r})[0])\n"
         "sb.exec('echo dirty > calc/__init__.py; rm -rf tests; echo t > /tmp/t')\n"
         "print(sb.disk_bounded, sb.root, sb._template, flush=True)\n"
@@ -459,7 +459,7 @@ def test_gc_skips_a_container_that_vanishes_under_it(docker, docker_base, monkey
 def test_gc_leaves_other_hosts_alone_unless_all(docker, docker_base, monkeypatch):
     from typer.testing import CliRunner
 
-    import gym_envs.cli as cli
+    import gym_envs.cli.commands as cli
     import sandboxes.docker as sd
     from sandboxes.docker import gc_containers
 

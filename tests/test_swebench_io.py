@@ -19,10 +19,11 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from gym_envs import cli, load_task_set, load_tasks
+from gym_envs import load_task_set, load_tasks
 from gym_envs.cli import app
-from gym_envs.grading import TestStatus, grade
-from gym_envs.runners import (
+from gym_envs.cli import commands as cli
+from gym_envs.grading.outcome import TestStatus, grade
+from gym_envs.grading.runners import (
     changed_test_files,
     django_command,
     django_label,
@@ -31,16 +32,16 @@ from gym_envs.runners import (
     parse_sympy_log,
     sympy_command,
 )
-from gym_envs.swebench_io import (
+from gym_envs.grading.testrun import run_tests
+from sandboxes import ExecResult
+from tasks.model import TestSpec
+from tasks.swebench_io import (
     RepoNotFoundError,
     environment_from_config,
     export_row,
     find_repo,
     import_rows,
 )
-from gym_envs.task import TestSpec
-from gym_envs.testrun import run_tests
-from sandboxes import ExecResult
 
 cli.out.width = cli.console.width = 300  # no wrapping inside table cells
 P, F, E, S, X = TestStatus.PASSED, TestStatus.FAILED, TestStatus.ERROR, TestStatus.SKIPPED, TestStatus.XFAIL

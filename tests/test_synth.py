@@ -13,15 +13,15 @@ from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
 from gym_envs import load_tasks
-from gym_envs.grading import TestStatus
-from gym_envs.registry import RepoRecord
-from gym_envs.synth import KINDS, SynthOptions, mutants, synthesize
-from gym_envs.synth.generate import judge, order_sites, reachable_functions, referenced_names
-from gym_envs.synth.mutations import changed_lines, sites
-from gym_envs.synth.statement import failure_messages, leaks, rewrite, safe_statement
-from gym_envs.task import EnvironmentConfig, TestSpec
-from gym_envs.testrun import TestRun
-from gym_envs.verifier import Verifier
+from gym_envs.grading.outcome import TestStatus
+from gym_envs.grading.testrun import TestRun
+from gym_envs.grading.verifier import Verifier
+from gym_envs.making.registry import RepoRecord
+from gym_envs.making.synth import KINDS, SynthOptions, mutants, synthesize
+from gym_envs.making.synth.generate import judge, order_sites, reachable_functions, referenced_names
+from gym_envs.making.synth.mutations import changed_lines, sites
+from gym_envs.making.synth.statement import failure_messages, leaks, rewrite, safe_statement
+from tasks.model import EnvironmentConfig, TestSpec
 
 SOURCE = textwrap.dedent('''\
     """Module docstring: 1 + 1 < 3 is never mutated."""

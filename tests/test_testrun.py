@@ -1,6 +1,6 @@
 """The shared test runner: a whole suite at a commit with patches applied, each test's outcome."""
 
-from gym_envs.testrun import probe, probe_task
+from gym_envs.grading.testrun import probe, probe_task
 
 
 def test_probe_runs_the_whole_suite_and_reports_each_test(calc_task):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gym_envs import Verifier
-from gym_envs.patches import filter_agent_patch, is_test_or_config, split_diff
+from gym_envs.grading.patches import filter_agent_patch, is_test_or_config, split_diff
 from sandboxes import ExecResult
 
 

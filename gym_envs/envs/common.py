@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..catalog import TaskSet, load_task_set
-from ..task import Task
-from ..verifier import InstanceReport
+from gym_envs.grading.verifier import InstanceReport
+from tasks.catalog import TaskSet, load_task_set
+from tasks.model import Task
 
 MAX_OBSERVATION_CHARS = 1 << 18
 MAX_ACTION_CHARS = 1 << 20

@@ -11,12 +11,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..backends import sandbox_factory
-from ..catalog import TaskSet
-from ..task import Task
-from ..verifier import Verifier
-from .actions import InvalidAction, parse_tool_call
-from .common import (
+from gym_envs.envs.actions import InvalidAction, parse_tool_call
+from gym_envs.envs.common import (
     MAX_ACTION_CHARS,
     MAX_OBSERVATION_CHARS,
     choose_task,
@@ -25,7 +21,11 @@ from .common import (
     resolve_tasks,
     task_briefing,
 )
-from .spaces import UnicodeText
+from gym_envs.envs.spaces import UnicodeText
+from gym_envs.grading.verifier import Verifier
+from tasks.backends import sandbox_factory
+from tasks.catalog import TaskSet
+from tasks.model import Task
 
 PATCH_WORKDIR = "/testbed"
 

@@ -15,15 +15,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
-
-from ..backends import sandbox_factory
-from ..catalog import TaskSet
-from ..task import Task
-from ..tools import StrReplaceEditor, ToolError
-from ..verifier import InstanceReport, Verifier
-from .actions import InvalidAction, parse_tool_call
-from .common import (
+from gym_envs.envs.actions import InvalidAction, parse_tool_call
+from gym_envs.envs.common import (
     MAX_ACTION_CHARS,
     MAX_OBSERVATION_CHARS,
     choose_task,
@@ -32,7 +25,13 @@ from .common import (
     resolve_tasks,
     task_briefing,
 )
-from .spaces import UnicodeText
+from gym_envs.envs.spaces import UnicodeText
+from gym_envs.envs.tools import StrReplaceEditor, ToolError
+from gym_envs.grading.verifier import InstanceReport, Verifier
+from sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
+from tasks.backends import sandbox_factory
+from tasks.catalog import TaskSet
+from tasks.model import Task
 
 BASH_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -66,7 +65,7 @@ class RepoEnv(gym.Env[str, Any]):
     """Multi-turn repository environment.
 
     Args:
-        tasks: a :class:`~gym_envs.catalog.TaskSet`, a task file or directory, or None for the
+        tasks: a :class:`~tasks.catalog.TaskSet`, a task file or directory, or None for the
             bundled catalog.
         backend: sandbox backend name (``"local"``); ``sandbox_options`` are passed to it.
         max_steps: the episode is truncated after this many steps.

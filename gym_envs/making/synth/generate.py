@@ -35,17 +35,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..backends import SandboxFactory
-from ..catalog import TaskSet
-from ..patches import is_test_or_config
-from ..pyast import parse as parse_python
-from ..registry import RepoRecord
-from ..task import Task, load_tasks, save_tasks
-from ..testrun import TestRun, probe
-from ..validation import TaskValidation, validate_tasks
-from ..verifier import Verifier
-from . import mutations
-from .statement import failure_messages, rank_apis, rewrite, safe_statement, test_calls
+from gym_envs.grading.patches import is_test_or_config
+from gym_envs.grading.pyast import parse as parse_python
+from gym_envs.grading.testrun import TestRun, probe
+from gym_envs.grading.verifier import Verifier
+from gym_envs.making.registry import RepoRecord
+from gym_envs.making.synth import mutations
+from gym_envs.making.synth.statement import failure_messages, rank_apis, rewrite, safe_statement, test_calls
+from gym_envs.making.validation import TaskValidation, validate_tasks
+from tasks.backends import SandboxFactory
+from tasks.catalog import TaskSet
+from tasks.model import Task, load_tasks, save_tasks
 
 NON_SOURCE_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "bench", "scripts", ".github"}
 IDENTITY = {"GIT_AUTHOR_NAME": "patchgym", "GIT_AUTHOR_EMAIL": "synth@patchgym.invalid",

@@ -9,7 +9,7 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
   distributions installed in the environment.
 * :mod:`reporter` is a pytest plugin registered before any repository code runs; it writes every
   test report, the session's end and the runner's exit status to a results file, which the harness
-  cross-checks with pytest's own junit XML and with canary tests (see :mod:`gym_envs.testrun`).
+  cross-checks with pytest's own junit XML and with canary tests (see :mod:`gym_envs.grading.testrun`).
 """
 
 from pathlib import Path

@@ -5,7 +5,7 @@ The code under test runs inside the test process, so it can rewrite whatever pyt
 It cannot do so *quietly* here:
 
 * **Two sources.** pytest's junit XML and patchgym's own reporter (registered before any
-  repository code runs, see :mod:`gym_envs.pytest_runtime`) must agree on every requested test,
+  repository code runs, see :mod:`gym_envs.grading.pytest_runtime`) must agree on every requested test,
   and the reporter's record must be complete: ``start``, every test phase once, ``finish``, and an
   ``exit`` status equal to the process's. A runner ended early, a test reported twice, or a file
   that is not a regular file cannot pass.
@@ -25,8 +25,8 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
-from .grading import TestStatus, lookup
-from .pyast import parse as parse_python
+from gym_envs.grading.outcome import TestStatus, lookup
+from gym_envs.grading.pyast import parse as parse_python
 
 PASSING = (TestStatus.PASSED, TestStatus.XFAIL)
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .catalog import TaskSet
-from .parallel import run_parallel
-from .predictions import Prediction
-from .task import safe_name
-from .verifier import InstanceReport, Verifier
+from gym_envs.grading.parallel import run_parallel
+from gym_envs.grading.verifier import InstanceReport, Verifier
+from tasks.catalog import TaskSet
+from tasks.model import safe_name
+from tasks.predictions import Prediction
 
 log = logging.getLogger(__name__)
 

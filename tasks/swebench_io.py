@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from .catalog import repo_source
-from .task import (
+from tasks.catalog import repo_source
+from tasks.model import (
     DEFAULT_TEST_COMMANDS,
     EnvironmentConfig,
     Task,

@@ -4,7 +4,7 @@
 reports from the failing tests, :mod:`.generate` runs the pipeline behind ``patchgym tasks synth``.
 """
 
-from .generate import Listener, SynthError, SynthOptions, SynthReport, synthesize
-from .mutations import KINDS, Mutant, mutants
+from gym_envs.making.synth.generate import Listener, SynthError, SynthOptions, SynthReport, synthesize
+from gym_envs.making.synth.mutations import KINDS, Mutant, mutants
 
 __all__ = ["KINDS", "Listener", "Mutant", "SynthError", "SynthOptions", "SynthReport", "mutants", "synthesize"]

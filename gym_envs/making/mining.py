@@ -56,17 +56,16 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from gym_envs.grading.parallel import run_parallel
+from gym_envs.grading.patches import TEST_FILE_PATTERNS, FilePatch, is_test_or_config, split_diff
+from gym_envs.grading.testrun import probe
+from gym_envs.grading.verifier import Verifier
+from gym_envs.making.registry import RepoRecord
+from gym_envs.making.validation import TaskValidation, validate_tasks
 from sandboxes import SandboxError
-
-from .backends import SandboxFactory
-from .catalog import TaskSet
-from .parallel import run_parallel
-from .patches import TEST_FILE_PATTERNS, FilePatch, is_test_or_config, split_diff
-from .registry import RepoRecord
-from .task import Task
-from .testrun import probe
-from .validation import TaskValidation, validate_tasks
-from .verifier import Verifier
+from tasks.backends import SandboxFactory
+from tasks.catalog import TaskSet
+from tasks.model import Task
 
 PathKind = Literal["test", "docs", "meta", "source"]
 DOC_SUFFIXES = {".md", ".markdown", ".rst", ".adoc", ".rdoc"}

@@ -25,16 +25,15 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from gym_envs.grading.outcome import TestStatus
+from gym_envs.grading.pyast import parse as parse_python
+from gym_envs.grading.testrun import TestRun
 from sandboxes import EnvironmentSpec, SandboxError
 from sandboxes.environments import find_interpreter
 from sandboxes.locks import file_lock
 from sandboxes.paths import cache_dir
 from sandboxes.repos import _source_id, git
-
-from .grading import TestStatus
-from .pyast import parse as parse_python
-from .task import DEFAULT_TEST_COMMAND, EnvironmentConfig, TestSpec
-from .testrun import TestRun
+from tasks.model import DEFAULT_TEST_COMMAND, EnvironmentConfig, TestSpec
 
 try:  # Python 3.11+; tomli is the same parser for 3.10
     import tomllib

@@ -12,11 +12,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 import tasks as bundled
+from gym_envs.grading.testrun import probe_task
 from sandboxes.paths import cache_dir
-
-from .catalog import load_task_set
-from .task import EnvironmentConfig, Task, TestSpec, safe_name
-from .testrun import probe_task
+from tasks.catalog import load_task_set
+from tasks.model import EnvironmentConfig, Task, TestSpec, safe_name
 
 
 class UnknownRepoError(KeyError):

@@ -8,8 +8,8 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from .catalog import TaskSet, UnknownTaskError, load_task_set
-from .task import TaskFileError
+from tasks.catalog import TaskSet, UnknownTaskError, load_task_set
+from tasks.model import TaskFileError
 
 console = Console(stderr=True)  # progress, warnings and errors
 out = Console()  # results

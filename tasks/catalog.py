@@ -7,8 +7,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import tasks as bundled
-
-from .task import Task, TaskFileError, load_tasks
+from tasks.model import Task, TaskFileError, load_tasks
 
 
 class UnknownTaskError(KeyError):

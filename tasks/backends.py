@@ -6,9 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sandboxes import LocalSandbox, ResourceLimits, Sandbox, SandboxSpec
-
-from .catalog import hidden_paths, repo_source
-from .task import Task
+from tasks.catalog import hidden_paths, repo_source
+from tasks.model import Task
 
 BACKENDS = ("local", "docker")
 

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from ..pyast import parse as parse_python
+from gym_envs.grading.pyast import parse as parse_python
 
 log = logging.getLogger(__name__)
 

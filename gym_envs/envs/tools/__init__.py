@@ -1,5 +1,5 @@
 """Tools an agent calls inside a task's sandbox (observations are plain text for the model)."""
 
-from .editor import StrReplaceEditor, ToolError
+from gym_envs.envs.tools.editor import StrReplaceEditor, ToolError
 
 __all__ = ["StrReplaceEditor", "ToolError"]

@@ -14,17 +14,16 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
+from gym_envs.cli.images import images_app
+from gym_envs.grading.evaluation import evaluate
+from gym_envs.grading.verifier import InstanceReport, Verifier
+from gym_envs.making.validation import TaskValidation, validate_tasks
 from sandboxes import SandboxError, reap_stale
-
-from .backends import BACKENDS, sandbox_factory
-from .catalog import TaskSet
-from .cli_common import TasksOpt, console, fail, load_selection, out
-from .evaluation import evaluate
-from .images_cli import images_app
-from .predictions import EMPTY, GOLD, load_predictions
-from .task import TaskFileError
-from .validation import TaskValidation, validate_tasks
-from .verifier import InstanceReport, Verifier
+from tasks.backends import BACKENDS, sandbox_factory
+from tasks.catalog import TaskSet
+from tasks.model import TaskFileError
+from tasks.predictions import EMPTY, GOLD, load_predictions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SWE-bench-style verifiable-reward environments.")
@@ -299,10 +298,10 @@ def tasks_mine(
     isolation: IsolationOpt = "auto",
 ) -> None:
     """Make tasks from a repository's history: each commit that changes source and tests, with
-    FAIL_TO_PASS/PASS_TO_PASS from running the tests before and after it (rules: gym_envs/mining.py)."""
-    from .mining import Dropped, MiningError, load_issue_texts, mine
-    from .registry import UnknownRepoError, get_repo
-    from .task import save_tasks
+    FAIL_TO_PASS/PASS_TO_PASS from running the tests before and after it (rules: gym_envs/making/mining.py)."""
+    from gym_envs.making.mining import Dropped, MiningError, load_issue_texts, mine
+    from gym_envs.making.registry import UnknownRepoError, get_repo
+    from tasks.model import save_tasks
 
     try:
         record = get_repo(repo)
@@ -390,10 +389,10 @@ def repos_add(
 
     from rich.markup import escape
 
-    from . import repo_setup as rs
-    from .registry import RepoRecord, list_repos, save_repo
-    from .task import TestSpec
-    from .testrun import probe
+    from gym_envs.grading.testrun import probe
+    from gym_envs.making import repo_setup as rs
+    from gym_envs.making.registry import RepoRecord, list_repos, save_repo
+    from tasks.model import TestSpec
 
     try:
         rs.validate_name(name)
@@ -468,7 +467,7 @@ def repos_add(
 @repos_app.command("list")
 def repos_list() -> None:
     """List the repositories tasks can be made from: registered ones, then the bundled libraries."""
-    from .registry import list_repos
+    from gym_envs.making.registry import list_repos
 
     try:
         records = list_repos()
@@ -503,7 +502,7 @@ def tasks_import_swebench(
     from its install_config, else --specs, else defaults (with a warning)."""
     from rich.markup import escape
 
-    from .swebench_io import export_row, import_swebench, missing_commits, write_rows
+    from tasks.swebench_io import export_row, import_swebench, missing_commits, write_rows
 
     try:
         result = import_swebench(file, repos_dir=repos, output=output, specs_path=specs)
@@ -561,7 +560,7 @@ def tasks_export(
 ) -> None:
     """Write tasks as SWE-bench rows (an imported file exported with --swebench-only gives back the
     rows it was imported from)."""
-    from .swebench_io import export_rows, row_format, write_rows
+    from tasks.swebench_io import export_rows, row_format, write_rows
 
     if tests_encoding not in ("json", "list", "source"):
         fail(f"unknown --tests-encoding {tests_encoding!r}; use json, list or source")
@@ -584,7 +583,8 @@ def tasks_synth(
                                                           "<stem>.bundle beside it).")],
     seed: Annotated[int, typer.Option("--seed", help="Same seed, same tasks.")] = 0,
     kinds: Annotated[list[str] | None, typer.Option(
-        "--kinds", help="Mutation kinds (repeat, or comma-separate; default: all). See gym_envs/synth/mutations.py.")
+        "--kinds",
+        help="Mutation kinds (repeat, or comma-separate; default: all). See gym_envs/making/synth/mutations.py.")
     ] = None,
     rev: Annotated[str | None, typer.Option("--rev", help="Revision to inject bugs into (default: HEAD).")] = None,
     validate: Annotated[bool, typer.Option(
@@ -603,9 +603,9 @@ def tasks_synth(
     isolation: IsolationOpt = "auto",
 ) -> None:
     """Make tasks by injecting bugs (SWE-smith style): small AST mutations of functions the tests reach,
-    kept when they break tests, then validated (pipeline: gym_envs/synth/generate.py)."""
-    from .registry import UnknownRepoError, get_repo
-    from .synth import KINDS, Listener, SynthError, SynthOptions, synthesize
+    kept when they break tests, then validated (pipeline: gym_envs/making/synth/generate.py)."""
+    from gym_envs.making.registry import UnknownRepoError, get_repo
+    from gym_envs.making.synth import KINDS, Listener, SynthError, SynthOptions, synthesize
 
     wanted = [k for chunk in kinds or [] for k in chunk.replace(",", " ").split()] or list(KINDS)
     unknown = [k for k in wanted if k not in KINDS]

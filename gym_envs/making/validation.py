@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .catalog import TaskSet
-from .parallel import run_parallel
-from .task import Task
-from .verifier import InstanceReport, Verifier
+from gym_envs.grading.parallel import run_parallel
+from gym_envs.grading.verifier import InstanceReport, Verifier
+from tasks.catalog import TaskSet
+from tasks.model import Task
 
 
 @dataclass

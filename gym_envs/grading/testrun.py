@@ -14,15 +14,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gym_envs.grading import integrity, runners
+from gym_envs.grading.outcome import JunitError, TestStatus, parse_junit
+from gym_envs.grading.patch_apply import apply_patch
+from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
+from gym_envs.grading.pytest_runtime.bootstrap import START_FAILED
 from sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
-
-from . import integrity, runners
-from .backends import SandboxFactory, make_sandbox
-from .grading import JunitError, TestStatus, parse_junit
-from .patch_apply import apply_patch
-from .pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
-from .pytest_runtime.bootstrap import START_FAILED
-from .task import EnvironmentConfig, Task, TestSpec
+from tasks.backends import SandboxFactory, make_sandbox
+from tasks.model import EnvironmentConfig, Task, TestSpec
 
 LOG_LIMIT = 512 * 1024
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .catalog import TaskSet
-from .task import TaskFileError, read_models
+from tasks.catalog import TaskSet
+from tasks.model import TaskFileError, read_models
 
 GOLD = "gold"
 EMPTY = "empty"

@@ -22,7 +22,7 @@ import tokenize
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from ..pyast import parse as parse_python
+from gym_envs.grading.pyast import parse as parse_python
 
 KINDS = ("operator", "comparison", "off_by_one", "remove_statement", "remove_branch", "swap_operands",
          "swap_arguments", "invert_condition", "change_default", "break_return")

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gym_envs.grading.patches import FilePatch, PatchError, parse_patch, render_patch
 from sandboxes import Sandbox, SandboxError
-
-from .patches import FilePatch, PatchError, parse_patch, render_patch
 
 PATCH_FILE = ".patchgym-patch.diff"
 APPLY_MARK = "patchgym-applied-with:"

@@ -21,16 +21,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from gym_envs.grading.outcome import grade
+from gym_envs.grading.patch_apply import PATCH_FILE, apply_patch
+from gym_envs.grading.patches import PatchError, filter_agent_patch, split_diff, touched_paths
+from gym_envs.grading.runners import changed_test_files
+from gym_envs.grading.testrun import run_tests
 from sandboxes import Sandbox, SandboxError
 from sandboxes.gitops import SAFE_GIT
-
-from .backends import SandboxFactory, make_sandbox
-from .grading import grade
-from .patch_apply import PATCH_FILE, apply_patch
-from .patches import PatchError, filter_agent_patch, split_diff, touched_paths
-from .runners import changed_test_files
-from .task import Task
-from .testrun import run_tests
+from tasks.backends import SandboxFactory, make_sandbox
+from tasks.model import Task
 
 log = logging.getLogger(__name__)
 

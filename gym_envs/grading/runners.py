@@ -22,8 +22,8 @@ import re
 import shlex
 from collections.abc import Iterable, Sequence
 
-from .grading import TestStatus
-from .patches import split_diff
+from gym_envs.grading.outcome import TestStatus
+from gym_envs.grading.patches import split_diff
 
 # Files of a test patch that are not tests to run (SWE-bench's NON_TEST_EXTS).
 NON_TEST_EXTS = (".json", ".png", ".csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")

@@ -13,13 +13,12 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
 from sandboxes import SandboxError
 from sandboxes.docker.client import DEFAULT_RELEASE
 from sandboxes.docker.images import RELEASES
-
-from .backends import sandbox_spec
-from .cli_common import TasksOpt, console, fail, load_selection, out
-from .task import TaskFileError
+from tasks.backends import sandbox_spec
+from tasks.model import TaskFileError
 
 images_app = typer.Typer(no_args_is_help=True,
                          help="Docker images: a Debian base (debootstrap, no registry), environments, instances.")

@@ -53,7 +53,7 @@ DEFAULT_TEST_COMMANDS: dict[str, str] = {
 
 class TestSpec(BaseModel):
     """The command that runs tests (test ids are appended) and the runner it is, which says how
-    test ids become arguments and how results are read (see :mod:`gym_envs.runners`)."""
+    test ids become arguments and how results are read (see :mod:`gym_envs.grading.runners`)."""
 
     model_config = ConfigDict(extra="forbid")
     __test__ = False  # not a pytest test class
@@ -93,7 +93,7 @@ class Task(BaseModel):
 
     _source_file: Path | None = PrivateAttr(None)
     # The row as it was read (key order, test lists as JSON strings or lists, numbers kept as
-    # numbers), so an export can give back what was imported (see :mod:`gym_envs.swebench_io`).
+    # numbers), so an export can give back what was imported (see :mod:`tasks.swebench_io`).
     _raw_row: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")

@@ -1,0 +1,3 @@
+"""Making tasks: registered repositories (:mod:`.registry`), their environments (:mod:`.repo_setup`),
+tasks mined from history (:mod:`.mining`) or synthesized by mutation (:mod:`.synth`), and the
+validation every new task must pass (:mod:`.validation`). It uses grading; nothing below uses it."""

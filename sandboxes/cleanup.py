@@ -1,0 +1,19 @@
+"""Removing everything dead processes left behind, in the order that works: their cgroups first
+(so their processes die), then their directories (unmounting what is still mounted). Apart from
+:mod:`.reaper`, which only names and finds leftovers, because the cgroup code uses those names."""
+
+from __future__ import annotations
+
+from sandboxes.limits import reap_stale_cgroups
+from sandboxes.mounts import remove_tree
+from sandboxes.paths import cache_dir
+from sandboxes.reaper import OWNED_DIRS, stale_children
+
+
+def reap_stale() -> int:
+    """Remove leftovers of dead processes (cgroups first, so their processes die); return how many."""
+    removed = reap_stale_cgroups()
+    for kind in OWNED_DIRS:
+        for child in stale_children(cache_dir(kind)):
+            removed += remove_tree(child)
+    return removed
