@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import uvicorn
@@ -19,6 +19,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, alive: Callable[[], bool], *, timeout: float = 30,
+                 why: Callable[[], str] = lambda: "") -> None:
+    """Wait until ``url``'s /healthz answers 200; fail when ``alive()`` turns false or time runs out
+    (with ``why()``, e.g. the server's log)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not alive():
+            raise RuntimeError(f"the server at {url} did not start\n{why()}")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def serve(app) -> Iterator[str]:
     """Run ``app`` on a real uvicorn server on a free loopback port, in a background thread."""
@@ -27,16 +43,7 @@ def serve(app) -> Iterator[str]:
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.05)
+    wait_healthy(url, thread.is_alive)
     try:
         yield url
     finally:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from gym_envs.cli import app
 from server.app import create_app
 from server.nemo_gym_setup import LICENSES
-from tests.serving import free_port, serve
+from tests.serving import free_port, serve, wait_healthy
 from tests.test_server import TASK
 
 
@@ -37,18 +37,6 @@ def launch(directory: Path, config: dict, log: Path) -> subprocess.Popen:
            "NEMO_GYM_CONFIG_PATH": "patchgym_resources_server", "PATCHGYM_LOG": "warning"}
     return subprocess.Popen([sys.executable, "app.py"], cwd=directory, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
 
 
 def test_init_writes_what_ng_run_requires(calc_tasks_file, tmp_path):
@@ -82,7 +70,7 @@ def test_the_entry_point_runs_patchgym_serve_and_stops_on_sigint(calc_tasks_file
     log = tmp_path / "app.log"
     process = launch(directory, config, log)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", process, log)
+        wait_healthy(f"http://127.0.0.1:{port}", lambda: process.poll() is None, timeout=60, why=log.read_text)
         seeded = httpx.post(f"http://127.0.0.1:{port}/seed_session", json={"instance_id": TASK}, timeout=120)
         assert seeded.status_code == 200 and seeded.json() == {"instance_id": TASK}
         process.send_signal(signal.SIGINT)  # ng_run's shutdown

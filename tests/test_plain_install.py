@@ -10,14 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import venv
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.serving import free_port
+from tests.serving import free_port, wait_healthy
 from tests.test_openenv import generic_client_class
 from tests.test_server import TASK, apply_via_bash
 
@@ -58,15 +57,7 @@ def test_a_plain_install_serves_openenv_over_websockets(plain_venv, calc_tasks_f
                               cwd=tmp_path, start_new_session=True, env={**os.environ, "PATCHGYM_LOG": "warning"})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
-            time.sleep(0.2)
+        wait_healthy(url, lambda: server.poll() is None, timeout=60, why=(tmp_path / "serve.log").read_text)
         GenericEnvClient = generic_client_class()
         with GenericEnvClient(base_url=url, message_timeout_s=300).sync() as env:
             obs = env.reset(task_id=TASK).observation
