@@ -1,6 +1,7 @@
 """The layers import one way, and no modules import each other (docs/architecture.md):
 
-    sandboxes -> tasks -> gym_envs.grading -> gym_envs.envs | gym_envs.making -> server -> gym_envs.cli
+    sandboxes -> tasks -> gym_envs.grading -> gym_envs.envs | gym_envs.making -> gym_envs.rollouts
+      -> server -> gym_envs.cli
 
 A module may import its own layer and the ones before it, never one after it (imports inside
 functions included: a lazy import that runs up a layer is still a dependency that runs up);
@@ -23,8 +24,9 @@ LAYERS = [
     ("gym_envs.grading", 2, "grading"),
     ("gym_envs.envs", 3, "envs"),
     ("gym_envs.making", 3, "making"),
-    ("server", 4, "server"),
-    ("gym_envs.cli", 5, "cli"),
+    ("gym_envs.rollouts", 4, "rollouts"),
+    ("server", 5, "server"),
+    ("gym_envs.cli", 6, "cli"),
 ]
 
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
 from gym_envs.cli.images import images_app
+from gym_envs.cli.runs import register as register_run_commands
 from gym_envs.grading.evaluation import evaluate
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from gym_envs.making.validation import TaskValidation, validate_tasks
@@ -728,6 +729,9 @@ def serve(
     # expire an idle connection at the same moment, a request sent on it fails mid-flight.
     uvicorn.run(api, host=host, port=port, log_level=os.environ.get("PATCHGYM_LOG", "info").lower(),
                 timeout_graceful_shutdown=10, timeout_keep_alive=75)
+
+
+register_run_commands(app)
 
 
 def main() -> None:

@@ -1,0 +1,126 @@
+"""``patchgym run`` (a model evaluated on tasks), ``patchgym report`` (its HTML report) and
+``patchgym trajectories export`` (its episodes as training data)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
+from gym_envs.rollouts.loop import TOOL_MODES
+from tasks.backends import BACKENDS
+
+trajectories_app = typer.Typer(no_args_is_help=True, help="Episodes of `patchgym run` as training data.")
+
+
+def register(app: typer.Typer) -> None:
+    """Add these commands to the ``patchgym`` app."""
+    app.command("run")(run_cmd)
+    app.command("report")(report_cmd)
+    app.add_typer(trajectories_app, name="trajectories")
+
+
+def run_cmd(
+    model: Annotated[str, typer.Option("--model", help="The model name the endpoint serves.")],
+    base_url: Annotated[str, typer.Option("--base-url", help="OpenAI-compatible API root, e.g. http://host:8000/v1.")],
+    output: Annotated[Path, typer.Option("--output", help="Run directory (an interrupted run continues in it).")],
+    api_key_env: Annotated[str | None, typer.Option(
+        "--api-key-env", help="Environment variable holding the API key (none: no Authorization header).")] = None,
+    tasks: TasksOpt = None,
+    instance_ids: Annotated[list[str] | None, typer.Option(
+        "--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Episodes at once.")] = 1,
+    max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Tool calls per episode.")] = 50,
+    max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Model turns per episode.")] = 100,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", min=1, help="Seconds per episode.")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", min=0)] = 0.0,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1, help="Tokens per model turn.")] = None,
+    tool_mode: Annotated[str, typer.Option(
+        "--tool-mode", help="native (tools/tool_calls), text (one fenced command per turn) or auto.")] = "auto",
+    model_timeout: Annotated[float, typer.Option(
+        "--model-timeout", min=1, help="Deadline of one model call (s).")] = 300,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Retries of a failed model call.")] = 4,
+    price_in: Annotated[float, typer.Option("--price-in", min=0, help="Dollars per million input tokens.")] = 0.0,
+    price_out: Annotated[float, typer.Option("--price-out", min=0, help="Dollars per million output tokens.")] = 0.0,
+    backend: Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")] = "local",
+) -> None:
+    """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
+    predictions, a run report and an HTML report in the run directory."""
+    from gym_envs.rollouts.html_report import write_report
+    from gym_envs.rollouts.model import ModelConfig
+    from gym_envs.rollouts.run import RunDirError, RunOptions, run_model
+
+    if tool_mode not in TOOL_MODES:
+        fail(f"--tool-mode must be one of {', '.join(TOOL_MODES)}")
+    if backend not in BACKENDS:
+        fail(f"unknown backend {backend!r}; one of: {', '.join(BACKENDS)}")
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            fail(f"the environment variable {api_key_env} (from --api-key-env) is not set")
+    _, task_set = load_selection(tasks, instance_ids)
+    config = ModelConfig(name=model, base_url=base_url, api_key=api_key, temperature=temperature,
+                         max_tokens=max_tokens, timeout=model_timeout, retries=retries)
+    options = RunOptions(output=output, workers=workers, max_turns=max_turns, max_steps=max_steps,
+                         time_limit=time_limit, tool_mode=tool_mode, backend=backend,
+                         input_per_mtok=price_in, output_per_mtok=price_out)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task(model, total=len(task_set), status="")
+
+        def done(line: dict, state) -> None:
+            progress.update(bar, completed=state.done, status=(
+                f"resolved {state.resolved}, masked {state.masked}, tokens {state.tokens_in}/{state.tokens_out}, "
+                f"${state.cost_usd:.4f}  last: {line['instance_id']} {line['outcome']} ({line['end_reason']})"))
+
+        try:
+            report = run_model(task_set, config, options, on_episode=done)
+        except RunDirError as exc:
+            fail(str(exc))
+    html = write_report(output)
+    rate = "n/a" if report["resolved_rate"] is None else f"{report['resolved_rate']:.1%}"
+    ci = "" if not report["ci95"] else f" (95% CI {report['ci95'][0]:.1%}–{report['ci95'][1]:.1%})"
+    out.print(f"resolved {report['resolved']}/{report['scored']} scored = {rate}{ci}; masked {report['masked']}; "
+              f"tokens {report['tokens_in']} in / {report['tokens_out']} out; ${report['cost_usd']:.4f}")
+    out.print(f"predictions: {output / 'predictions.jsonl'}  report: {output / 'report.json'}  html: {html}")
+    if report["masked"]:
+        out.print(f"{report['masked']} masked episode(s) (endpoint or environment failures) run again on a rerun")
+
+
+def report_cmd(
+    directory: Annotated[Path, typer.Argument(help="A run directory of `patchgym run`.")],
+) -> None:
+    """Write the run directory's self-contained HTML report (report.html)."""
+    from gym_envs.rollouts.html_report import write_report
+
+    try:
+        path = write_report(directory)
+    except FileNotFoundError as exc:
+        fail(str(exc))
+    out.print(f"wrote {path}")
+
+
+@trajectories_app.command("export")
+def trajectories_export(
+    source: Annotated[Path, typer.Argument(help="A run directory, or a trajectories.jsonl.")],
+    output: Annotated[Path, typer.Option("--output", help="JSONL file to write.")],
+    fmt: Annotated[str, typer.Option("--format", help="chat or openai-ft.")] = "chat",
+    all_episodes: Annotated[bool, typer.Option(
+        "--all", help="Unresolved episodes too (masked ones never).")] = False,
+) -> None:
+    """Write episodes as SFT / rejection-sampling data: resolved ones unless --all."""
+    from gym_envs.rollouts.export import export_trajectories
+
+    try:
+        rows = list(export_trajectories(source, fmt, include_unresolved=all_episodes))
+    except (ValueError, FileNotFoundError) as exc:
+        fail(str(exc))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    out.print(f"wrote {len(rows)} episode(s) to {output}")

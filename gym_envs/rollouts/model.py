@@ -1,0 +1,168 @@
+"""A chat model behind any OpenAI-compatible endpoint (vLLM, SGLang, NIM, a hosted API):
+``POST {base_url}/chat/completions`` with deadlines, retries with backoff, and the two ways a call
+can fail told apart.
+
+A :class:`ModelError` is the endpoint failing (unreachable, timing out, 5xx past the retries, a
+bad key): infrastructure, so the episode is masked, never scored 0. A :class:`ContextOverflow`
+is the conversation no longer fitting the model's context: the policy's doing, so the episode
+ends and what it did is graded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+# What servers put in the error of a request that does not fit (OpenAI, vLLM, SGLang, TGI, NIM).
+OVERFLOW_MARKERS = ("context_length_exceeded", "maximum context length", "context length", "too many tokens",
+                    "prompt is too long", "input is too long", "exceeds the model's", "max_model_len")
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class ModelError(RuntimeError):
+    """The model endpoint failed (after the retries): infrastructure, not the policy."""
+
+
+class ContextOverflow(RuntimeError):
+    """The conversation does not fit the model's context any more."""
+
+
+class ToolsUnsupported(RuntimeError):
+    """The endpoint refused the ``tools`` parameter (a model served without tool calling)."""
+
+
+@dataclass
+class ModelConfig:
+    """Where the model is and how it is sampled. ``timeout``: one call's deadline (s);
+    ``retries``: further attempts after a failed call, with exponential backoff from ``backoff``
+    seconds (a server's ``Retry-After`` wins)."""
+
+    name: str
+    base_url: str
+    api_key: str | None = None
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    timeout: float = 300.0
+    retries: int = 4
+    backoff: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)  # more body fields (top_p, seed, ...)
+
+    def public(self) -> dict[str, Any]:
+        """The settings worth recording with a run (never the key)."""
+        return {"model": self.name, "base_url": self.base_url, "temperature": self.temperature,
+                "max_tokens": self.max_tokens, **self.extra}
+
+
+@dataclass
+class Reply:
+    """One assistant turn: the message as the API gave it, and what it cost."""
+
+    message: dict[str, Any]
+    tokens_in: int
+    tokens_out: int
+    finish_reason: str | None
+
+
+class ChatModel:
+    """Chat completions over one pooled HTTP client (safe to share between threads)."""
+
+    def __init__(self, config: ModelConfig, *, client: httpx.Client | None = None,
+                 sleep: Any = time.sleep) -> None:
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._client = client or httpx.Client(base_url=config.base_url.rstrip("/"), headers=headers,
+                                              timeout=httpx.Timeout(config.timeout, connect=min(30.0, config.timeout)))
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self.calls = 0
+
+    def close(self) -> None:
+        self._client.close()
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply:
+        """One assistant turn for ``messages`` (with ``tools`` offered when given)."""
+        body: dict[str, Any] = {"model": self.config.name, "messages": messages,
+                                "temperature": self.config.temperature, **self.config.extra}
+        if self.config.max_tokens is not None:
+            body["max_tokens"] = self.config.max_tokens
+        if tools:
+            body["tools"] = tools
+        last = "no attempt made"
+        for attempt in range(self.config.retries + 1):
+            with self._lock:
+                self.calls += 1
+            wait: float | None = None
+            try:
+                response = self._client.post("/chat/completions", json=body)
+            except httpx.TimeoutException:
+                last = f"the model did not answer within {self.config.timeout:g}s"
+            except httpx.HTTPError as exc:
+                last = f"cannot reach the model at {self.config.base_url}: {type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 200:
+                    return _reply(response)
+                text = response.text[:2000]
+                if response.status_code in (400, 413, 422) and _overflow(text):
+                    raise ContextOverflow(f"the conversation does not fit the model's context: {text}")
+                if response.status_code == 400 and tools and _mentions_tools(text):
+                    raise ToolsUnsupported(text)
+                last = f"the model answered {response.status_code}: {text}"
+                if response.status_code not in RETRY_STATUSES:
+                    raise ModelError(last)
+                wait = _retry_after(response)
+            if attempt < self.config.retries:
+                backoff = self.config.backoff * 2 ** attempt * (0.5 + random.random() / 2)
+                self._sleep(min(wait if wait is not None else backoff, 60.0))
+        raise ModelError(f"{last} (after {self.config.retries + 1} attempts)")
+
+
+def _reply(response: httpx.Response) -> Reply:
+    try:
+        data = response.json()
+        choice = data["choices"][0]
+        message = dict(choice["message"])
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ModelError(f"the model's answer is not a chat completion: {response.text[:500]}") from exc
+    usage = data.get("usage") or {}
+    message.setdefault("role", "assistant")
+    if message.get("content") is None and not message.get("tool_calls"):
+        message["content"] = ""
+    return Reply(message=message, tokens_in=int(usage.get("prompt_tokens") or 0),
+                 tokens_out=int(usage.get("completion_tokens") or 0), finish_reason=choice.get("finish_reason"))
+
+
+def _overflow(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in OVERFLOW_MARKERS)
+
+
+def _mentions_tools(text: str) -> bool:
+    lowered = text.lower()
+    return "tool" in lowered and any(w in lowered for w in (
+        "not support", "unsupported", "not enabled", "enable-auto-tool-choice", "tool-call-parser", "tool_choice",
+        "unknown", "unrecognized"))
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def parse_arguments(text: Any) -> Any:
+    """A tool call's arguments: the JSON text models send, else the value as it is (the environment
+    tells the model what was wrong with it)."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

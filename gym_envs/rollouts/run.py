@@ -1,0 +1,240 @@
+"""A model evaluated on a task set: episodes on a worker pool, written to a run directory as they
+finish, so an interrupted run continues where it stopped (``docs/run.md`` documents the files).
+
+    DIR/run.json            the run's settings; a resumed run must match them
+    DIR/trajectories.jsonl  one line per finished episode (the last line of an instance wins)
+    DIR/predictions.jsonl   SWE-bench predictions (``patchgym eval`` and SWE-bench's harness grade them)
+    DIR/report.json         the run report: resolved rate with a 95% interval, per-task outcomes, cost
+    DIR/report.html         the same for people (:mod:`.html_report`)
+
+A masked episode (the endpoint or the environment failed) is not a result: a resumed run runs it
+again. ``env_cpu_seconds`` is the CPU time of the processes the run started (sandboxes and tests,
+local backend), for the whole run; per episode only when one worker runs, where it is attributable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gym_envs.envs.repo_env import RepoEnv
+from gym_envs.rollouts.loop import Episode, run_episode
+from gym_envs.rollouts.model import ChatModel, ModelConfig
+from tasks.catalog import TaskSet
+
+RUN_FILE, TRAJECTORIES, PREDICTIONS, REPORT = "run.json", "trajectories.jsonl", "predictions.jsonl", "report.json"
+# Settings a resumed run must share with the run it continues (else its numbers would mix two runs).
+RESUME_KEYS = ("model", "base_url", "temperature", "max_tokens", "max_turns", "max_steps", "tool_mode", "backend")
+
+
+class RunDirError(ValueError):
+    """The output directory holds another run (different settings)."""
+
+
+@dataclass
+class RunOptions:
+    """What a run needs beyond the model: the environment's bounds, the pool and the prices."""
+
+    output: Path
+    workers: int = 1
+    max_turns: int = 100
+    max_steps: int = 50
+    time_limit: float | None = None
+    tool_mode: str = "auto"
+    backend: str = "local"
+    env_options: dict[str, Any] = field(default_factory=dict)
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+    observation_limit: int = 20_000
+
+
+@dataclass
+class RunProgress:
+    """What a progress display shows, updated as episodes finish."""
+
+    total: int
+    done: int = 0
+    resolved: int = 0
+    masked: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+
+def settings(model: ModelConfig, options: RunOptions) -> dict[str, Any]:
+    return {**model.public(), "max_turns": options.max_turns, "max_steps": options.max_steps,
+            "time_limit": options.time_limit, "tool_mode": options.tool_mode, "backend": options.backend}
+
+
+def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
+              on_episode: Callable[[dict[str, Any], RunProgress], None] | None = None,
+              chat: ChatModel | None = None) -> dict[str, Any]:
+    """Run ``model`` on every task of ``task_set`` not finished in ``options.output`` yet; the run
+    report (also written, with the predictions, after every episode)."""
+    out = options.output
+    out.mkdir(parents=True, exist_ok=True)
+    params = settings(model, options)
+    prior = _read_run(out)
+    if prior is not None:
+        differs = {k: (prior["params"].get(k), params.get(k)) for k in RESUME_KEYS
+                   if prior["params"].get(k) != params.get(k)}
+        if differs:
+            raise RunDirError(f"{out} holds a run with other settings ({differs}); use another --output")
+    run_info = {"params": params, "price": {"input_per_mtok": options.input_per_mtok,
+                                            "output_per_mtok": options.output_per_mtok},
+                "started_at": prior["started_at"] if prior else time.time(), "tasks": list(task_set.ids),
+                "model": model.name, "base_url": model.base_url}
+    _write_json(out / RUN_FILE, run_info)
+    finished = {i: t for i, t in read_trajectories(out).items() if t["outcome"] != "masked"}
+    todo = [i for i in task_set.ids if i not in finished]
+    progress = RunProgress(total=len(task_set.ids))
+    for t in finished.values():
+        _count(progress, t)
+    lock = threading.Lock()
+    cpu_start = _children_cpu()
+    own_chat = chat is None
+    chat = chat or ChatModel(model)
+
+    def one(instance_id: str) -> dict[str, Any]:
+        before = _children_cpu()
+        env = RepoEnv(task_set, backend=options.backend, max_steps=options.max_steps, time_limit=options.time_limit,
+                      **options.env_options)
+        try:
+            episode = run_episode(env, chat, instance_id, max_turns=options.max_turns, tool_mode=options.tool_mode,
+                                  observation_limit=options.observation_limit)
+        finally:
+            env.close()
+        cpu = round(_children_cpu() - before, 3) if options.workers == 1 else None
+        return trajectory_line(episode, options, cpu)
+
+    try:
+        with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="patchgym-run") as pool:
+            futures = [pool.submit(one, i) for i in todo]
+            for future in as_completed(futures):
+                line = future.result()
+                with lock:
+                    with (out / TRAJECTORIES).open("a", encoding="utf-8") as fh:
+                        fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+                    _count(progress, line)
+                    write_outputs(out, task_set, run_info, cpu_seconds=None)
+                if on_episode:
+                    on_episode(line, progress)
+    finally:
+        if own_chat:
+            chat.close()
+    return write_outputs(out, task_set, run_info, cpu_seconds=round(_children_cpu() - cpu_start, 3))
+
+
+def trajectory_line(episode: Episode, options: RunOptions, env_cpu_seconds: float | None) -> dict[str, Any]:
+    line = asdict(episode)
+    line["cost_usd"] = round(episode.cost(options.input_per_mtok, options.output_per_mtok), 6)
+    line["env_cpu_seconds"] = env_cpu_seconds
+    # keyed by instance, as SWE-bench's own report files are
+    line["report"] = {episode.instance_id: episode.report} if episode.report is not None else None
+    return line
+
+
+def read_trajectories(out: Path) -> dict[str, dict[str, Any]]:
+    """The finished episodes of a run directory, by instance (the last line of an instance wins; a
+    line cut short by a crash is skipped)."""
+    path = out / TRAJECTORIES if out.is_dir() else out
+    lines: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return lines
+    for text in path.read_text(encoding="utf-8").splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and "instance_id" in line:
+            lines[line["instance_id"]] = line
+    return lines
+
+
+def write_outputs(out: Path, task_set: TaskSet, run_info: dict[str, Any], *, cpu_seconds: float | None) -> dict:
+    """Rewrite predictions.jsonl and report.json from the trajectories (atomically each)."""
+    lines = read_trajectories(out)
+    model = run_info["model"]
+    preds = "".join(json.dumps({"instance_id": i, "model_name_or_path": model, "model_patch": t.get("patch") or ""})
+                    + "\n" for i, t in lines.items() if t["outcome"] != "masked")
+    _write_text(out / PREDICTIONS, preds)
+    report = run_report(task_set, lines, run_info, cpu_seconds)
+    _write_json(out / REPORT, report)
+    return report
+
+
+def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: dict[str, Any],
+               cpu_seconds: float | None) -> dict[str, Any]:
+    done = [lines[i] for i in task_set.ids if i in lines]
+    scored = [t for t in done if t["outcome"] != "masked"]
+    resolved = sum(t["outcome"] == "resolved" for t in scored)
+    return {
+        "model": run_info["model"], "base_url": run_info["base_url"], "params": run_info["params"],
+        "price": run_info["price"], "total": len(task_set.ids), "completed": len(done), "scored": len(scored),
+        "resolved": resolved, "unresolved": len(scored) - resolved, "masked": len(done) - len(scored),
+        "resolved_rate": round(resolved / len(scored), 4) if scored else None,
+        "ci95": [round(x, 4) for x in wilson(resolved, len(scored))] if scored else None,
+        "tokens_in": sum(t["tokens_in"] for t in done), "tokens_out": sum(t["tokens_out"] for t in done),
+        "cost_usd": round(sum(t["cost_usd"] for t in done), 6),
+        "wall_seconds": round(sum(t["wall_seconds"] for t in done), 3),
+        "steps_total": sum(t["steps"] for t in done),
+        "env_cpu_seconds": cpu_seconds,
+        "instances": [{k: t.get(k) for k in ("instance_id", "outcome", "end_reason", "reward", "steps", "turns",
+                                              "wall_seconds", "tokens_in", "tokens_out", "cost_usd",
+                                              "env_cpu_seconds", "mask_reason")} for t in done],
+    }
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95% by default): sound at 0/n and n/n, unlike the
+    normal approximation."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _count(progress: RunProgress, line: dict[str, Any]) -> None:
+    progress.done += 1
+    progress.resolved += line["outcome"] == "resolved"
+    progress.masked += line["outcome"] == "masked"
+    progress.tokens_in += line["tokens_in"]
+    progress.tokens_out += line["tokens_out"]
+    progress.cost_usd += line["cost_usd"]
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _read_run(out: Path) -> dict[str, Any] | None:
+    return _read_json(out / RUN_FILE)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    _write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

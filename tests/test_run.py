@@ -1,0 +1,209 @@
+"""`patchgym run`: a model behind an OpenAI-compatible endpoint (tests/fake_openai.py, over real
+HTTP) drives RepoEnv; the run directory holds trajectories, SWE-bench predictions and a report;
+a failing endpoint masks the episode and a rerun runs it again; exports give training data."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gym_envs.cli import app
+from gym_envs.rollouts.export import export_trajectories
+from gym_envs.rollouts.model import ChatModel, ModelConfig, ModelError
+from gym_envs.rollouts.run import RunDirError, RunOptions, run_model, wilson
+from tasks.catalog import load_task_set
+from tests.fake_openai import FakeModel, Turn, call
+from tests.serving import serve
+from tests.test_server import TASK
+
+SECOND = "fixture__calc-2"  # the same bug under a second id, for runs of two tasks
+
+
+def oracle(patch: str) -> list[Turn]:
+    return [call("bash", {"command": f"printf %s {shlex.quote(patch)} | git apply"}), call("submit", {})]
+
+
+@pytest.fixture(scope="module")
+def two_tasks(calc_tasks_file, tmp_path_factory) -> Path:
+    row = json.loads(calc_tasks_file.read_text().splitlines()[0])
+    path = tmp_path_factory.mktemp("two") / "tasks.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "instance_id": SECOND}) + "\n")
+    return path
+
+
+@pytest.fixture
+def fake():
+    model = FakeModel()
+    with serve(model.app) as url:
+        model.url = f"{url}/v1"
+        yield model
+
+
+def config(fake: FakeModel, **kw) -> ModelConfig:
+    return ModelConfig(name="scripted", base_url=fake.url, backoff=0.01, **{"timeout": 30, "retries": 2, **kw})
+
+
+def run(fake, tasks, tmp_path, ids=None, *, options=None, **kw) -> dict:
+    task_set = load_task_set(tasks).select(ids)
+    return run_model(task_set, config(fake, **kw), options or RunOptions(output=tmp_path / "run", max_steps=10))
+
+
+def lines(out: Path) -> dict[str, dict]:
+    return {json.loads(x)["instance_id"]: json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()}
+
+
+def test_oracle_resolves_and_the_run_directory_is_complete(fake, calc_tasks_file, calc_task, tmp_path):
+    fake.default = oracle(calc_task.patch)
+    options = RunOptions(output=tmp_path / "run", max_steps=10, input_per_mtok=2.0, output_per_mtok=10.0)
+    report = run_model(load_task_set(calc_tasks_file), config(fake), options)
+    assert report["resolved"] == 1 and report["resolved_rate"] == 1.0 and report["masked"] == 0
+    assert report["ci95"] == [round(x, 4) for x in wilson(1, 1)] and report["ci95"][0] < 1.0
+    # tokens from the endpoint's usage, cost at the prices given
+    assert report["tokens_in"] == 100 + 110 and report["tokens_out"] == 14
+    assert report["cost_usd"] == pytest.approx((210 * 2.0 + 14 * 10.0) / 1e6)
+    (inst,) = report["instances"]
+    assert inst["outcome"] == "resolved" and inst["end_reason"] == "submitted" and inst["steps"] == 2
+    out = tmp_path / "run"
+    (pred,) = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    assert pred["instance_id"] == TASK and pred["model_name_or_path"] == "scripted"
+    assert "raise ValueError" in pred["model_patch"]
+    line = lines(out)[TASK]
+    roles = [m["role"] for m in line["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert line["messages"][2]["tool_calls"][0]["function"]["name"] == "bash"
+    assert line["report"][TASK]["resolved"] is True and {t["function"]["name"] for t in line["tools"]} >= {"submit"}
+    assert json.loads((out / "run.json").read_text())["params"]["model"] == "scripted"
+    # the predictions grade the same with patchgym eval
+    result = CliRunner().invoke(app, ["eval", "--predictions", str(out / "predictions.jsonl"), "--tasks",
+                                      str(calc_tasks_file), "--output", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "eval" / "report.json").read_text())["resolved_instances"] == 1
+
+
+def test_no_op_and_malformed_calls(fake, two_tasks, calc_task, tmp_path):
+    fake.scripts = {}
+    fake.default = [call("submit", {})]
+    report = run(fake, two_tasks, tmp_path, [TASK])
+    assert report["resolved"] == 0 and report["instances"][0]["end_reason"] == "submitted"
+    assert report["instances"][0]["outcome"] == "unresolved" and report["masked"] == 0
+    # arguments that are not JSON, an unknown tool, then the fix: the model is told, the episode goes on
+    fake.default = [call("bash", "{not json"), call("python", {"code": "1"}), *oracle(calc_task.patch)]
+    report = run(fake, two_tasks, tmp_path / "b", [TASK])
+    assert report["resolved"] == 1
+    tool_outputs = [m["content"] for m in lines(tmp_path / "b" / "run")[TASK]["messages"] if m["role"] == "tool"]
+    assert "JSON" in tool_outputs[0] and "unknown tool 'python'" in tool_outputs[1]
+
+
+def test_an_endpoint_that_errors_then_recovers_is_retried(fake, calc_tasks_file, calc_task, tmp_path):
+    first, second = oracle(calc_task.patch)
+    first.failures, first.status, first.retry_after = 2, 503, 0
+    fake.default = [first, second]
+    report = run(fake, calc_tasks_file, tmp_path)
+    assert report["resolved"] == 1 and len(fake.requests) == 4  # two failures, then two turns
+
+
+def test_a_model_that_times_out_is_masked_and_a_rerun_runs_it_again(fake, calc_tasks_file, calc_task, tmp_path):
+    first, second = oracle(calc_task.patch)
+    first.failures, first.delay = 2, 3.0
+    fake.default = [first, second]
+    report = run(fake, calc_tasks_file, tmp_path, timeout=1, retries=1)
+    (inst,) = report["instances"]
+    assert inst["outcome"] == "masked" and inst["end_reason"] == "model_error" and "within 1s" in inst["mask_reason"]
+    assert report["masked"] == 1 and report["scored"] == 0 and report["resolved_rate"] is None
+    out = tmp_path / "run"
+    assert (out / "predictions.jsonl").read_text() == "", "a masked episode is no prediction"
+    report = run(fake, calc_tasks_file, tmp_path, timeout=1, retries=1)  # the endpoint behaves now
+    assert report["resolved"] == 1 and report["masked"] == 0 and report["completed"] == 1
+
+
+def test_an_interrupted_run_continues_where_it_stopped(fake, two_tasks, calc_task, tmp_path):
+    fake.default = oracle(calc_task.patch)
+    run(fake, two_tasks, tmp_path, [TASK])
+    asked = len(fake.requests)
+    report = run(fake, two_tasks, tmp_path)  # both: only the second runs
+    assert report["completed"] == 2 and report["resolved"] == 2 and len(fake.requests) == asked + 2
+    assert {json.loads(x)["instance_id"] for x in (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()} \
+        == {TASK, SECOND}
+    with pytest.raises(RunDirError, match="other settings"):
+        run(fake, two_tasks, tmp_path, temperature=0.7)
+
+
+def test_text_fallback_for_a_model_without_tool_calling(fake, calc_tasks_file, calc_task, tmp_path):
+    fake.refuse_tools = True
+    patch_cmd = f"printf %s {shlex.quote(calc_task.patch)} | git apply"
+    fake.default = [Turn(text="Let me look.\n```bash\nls calc\n```"), Turn(text="No block here."),
+                    Turn(text=f"```bash\n{patch_cmd}\n```"), Turn(text="```bash\nsubmit\n```")]
+    report = run(fake, calc_tasks_file, tmp_path)  # --tool-mode auto: refused tools, went on in text
+    assert report["resolved"] == 1 and report["instances"][0]["steps"] == 3
+    line = lines(tmp_path / "run")[TASK]
+    assert line["tool_mode"] == "text" and "fenced shell block" in line["messages"][0]["content"]
+    assert "__init__.py" in line["messages"][3]["content"]  # ls's output came back as a user message
+    fake.refuse_tools, fake.default = True, oracle(calc_task.patch)
+    strict = RunOptions(output=tmp_path / "strict", tool_mode="native")
+    report = run(fake, calc_tasks_file, tmp_path, options=strict)
+    assert report["masked"] == 1 and "tool-mode text" in report["instances"][0]["mask_reason"]
+
+
+def test_context_overflow_ends_the_episode_and_grades_it(fake, calc_tasks_file, calc_task, tmp_path):
+    first, _ = oracle(calc_task.patch)
+    overflow = Turn(failures=99, status=400, error="This model's maximum context length is 8192 tokens")
+    fake.default = [first, overflow]
+    report = run(fake, calc_tasks_file, tmp_path)
+    (inst,) = report["instances"]
+    assert inst["end_reason"] == "context_overflow" and inst["outcome"] == "resolved", "graded as it stood"
+    assert len(fake.requests) == 2, "an overflow is not retried"
+
+
+def test_a_model_that_stops_calling_tools_is_graded_as_is(fake, calc_tasks_file, tmp_path):
+    fake.default = [Turn(text="I think it is fine.")] * 5
+    report = run(fake, calc_tasks_file, tmp_path)
+    assert report["instances"][0]["end_reason"] == "no_tool_call" and report["instances"][0]["turns"] == 3
+
+
+def test_a_bad_key_or_unknown_model_is_a_model_error_not_a_retry(fake, calc_tasks_file, tmp_path):
+    fake.default = [Turn(failures=9, status=401, error="bad key")]
+    model = ChatModel(config(fake))
+    with pytest.raises(ModelError, match="401"):
+        model.complete([{"role": "user", "content": "hi"}], None)
+    assert model.calls == 1
+
+
+def test_exports_keep_resolved_episodes_only_unless_asked(fake, two_tasks, calc_task, tmp_path):
+    fake.scripts = {}
+    fake.default = oracle(calc_task.patch)
+    run(fake, two_tasks, tmp_path, [TASK])
+    out = tmp_path / "run"
+    with (out / "trajectories.jsonl").open("a") as fh:  # an unresolved and a masked episode
+        fh.write(json.dumps({**lines(out)[TASK], "instance_id": "u", "outcome": "unresolved", "resolved": False}) + "\n")
+        fh.write(json.dumps({**lines(out)[TASK], "instance_id": "m", "outcome": "masked"}) + "\n")
+    chat = list(export_trajectories(out, "chat"))
+    assert [r["instance_id"] for r in chat] == [TASK] and chat[0]["messages"][0]["role"] == "system"
+    assert {r["instance_id"] for r in export_trajectories(out, "chat", include_unresolved=True)} == {TASK, "u"}
+    (ft,) = export_trajectories(out, "openai-ft")
+    assert set(ft) == {"messages", "tools", "parallel_tool_calls"} and ft["parallel_tool_calls"] is False
+    result = CliRunner().invoke(app, ["trajectories", "export", str(out), "--format", "openai-ft", "--output",
+                                      str(tmp_path / "ft.jsonl")])
+    assert result.exit_code == 0 and len((tmp_path / "ft.jsonl").read_text().splitlines()) == 1
+    bad = CliRunner().invoke(app, ["trajectories", "export", str(out), "--format", "xml", "--output",
+                                   str(tmp_path / "x.jsonl")])
+    assert bad.exit_code == 2 and "unknown format" in bad.output
+
+
+def test_the_command_line_runs_a_model_and_writes_the_html_report(fake, calc_tasks_file, calc_task, tmp_path,
+                                                                   monkeypatch):
+    fake.default = oracle(calc_task.patch)
+    monkeypatch.setenv("SCRIPTED_KEY", "sk-test")
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(app, ["run", "--model", "scripted", "--base-url", fake.url, "--output", str(out),
+                                      "--tasks", str(calc_tasks_file), "--api-key-env", "SCRIPTED_KEY",
+                                      "--price-in", "1", "--price-out", "1"])
+    assert result.exit_code == 0, result.output
+    assert "resolved 1/1" in result.output and (out / "report.html").exists()
+    assert "sk-test" not in (out / "run.json").read_text() + (out / "trajectories.jsonl").read_text()
+    missing = CliRunner().invoke(app, ["run", "--model", "m", "--base-url", fake.url, "--output", str(out),
+                                       "--api-key-env", "NO_SUCH_VARIABLE_SET"])
+    assert missing.exit_code == 2 and "NO_SUCH_VARIABLE_SET" in missing.output
