@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gym_envs.rollouts.model import ModelConfig
 from sandboxes import SandboxError
 from tasks.catalog import TaskSet, UnknownTaskError, load_task_set
 
@@ -31,6 +33,8 @@ from .models import (
     Health,
     ResetRequest,
     ResetResponse,
+    RolloutRequest,
+    RolloutResponse,
     SessionStatus,
     StepRequest,
     StepResponse,
@@ -64,6 +68,7 @@ def create_app(
     operation_timeout: float = 1800.0,
     seed_wait: float = 600.0,
     rollout_idle_ttl: float = 300.0,
+    model_endpoints: Sequence[str] = (),
 ) -> FastAPI:
     """The API. ``tasks``: a TaskSet, task file or directory (None: bundled catalog). ``token``:
     one or more accepted bearer tokens (None: no auth); a session belongs to the token that made
@@ -71,7 +76,9 @@ def create_app(
     ``sandbox_options``, ...). ``operation_timeout``: deadline of one environment call (a reset
     may build an environment; a submit runs the tests). ``seed_wait``: how long a NeMo Gym
     ``/seed_session`` on a full server waits for a free session (its agent does not retry; the
-    native API answers 429 at once). ``rollout_idle_ttl``: idle TTL of NeMo Gym sessions."""
+    native API answers 429 at once). ``rollout_idle_ttl``: idle TTL of NeMo Gym sessions.
+    ``model_endpoints``: the model API roots ``/v1/rollouts`` may call (none: it calls none; the
+    server would otherwise send requests wherever a client points it)."""
     task_set = tasks if isinstance(tasks, TaskSet) else load_task_set(tasks)
     tokens = [token] if isinstance(token, str) else list(token or [])
     service = EnvService(task_set, backend=backend, env_options=env_options or {}, max_sessions=max_sessions,
@@ -156,7 +163,8 @@ def create_app(
     # -- sessions -------------------------------------------------------------------------
 
     @app.post("/v1/sessions", response_model=CreateSessionResponse, status_code=201, tags=["sessions"],
-              responses={**ERRORS, **AUTH_ERRORS, 429: {"model": ErrorBody, "description": "No free session."}})
+              responses={**ERRORS, **AUTH_ERRORS, 429: {"model": ErrorBody, "description": "No free session."},
+                         403: {"model": ErrorBody, "description": "A model endpoint the server may not call."}})
     async def create_session(body: CreateSessionRequest, who: Owner) -> CreateSessionResponse:
         """Open a session (a ``RepoEnv``) and reset it on a task."""
         session, obs, info = await service.open_session(who, task_id=body.task_id, seed=body.seed,
@@ -192,6 +200,33 @@ def create_app(
         await manager.close(manager.get(session_id, who))
         return Response(status_code=204)
 
+    # -- whole rollouts -------------------------------------------------------------------
+
+    @app.post("/v1/rollouts", response_model=RolloutResponse, tags=["rollouts"],
+              responses={**ERRORS, **AUTH_ERRORS, 429: {"model": ErrorBody, "description": "No free session."},
+                         403: {"model": ErrorBody, "description": "A model endpoint the server may not call."}})
+    async def rollout(body: RolloutRequest, who: Owner) -> RolloutResponse:
+        """Run a whole episode: the model at ``model.base_url`` (OpenAI-compatible) calls the tools
+        until it submits or a bound ends it; the trajectory and the reward come back (what NeMo Gym's
+        ``/run`` and verifiers' rollouts do). A failing model endpoint masks the sample
+        (``mask_sample``), never scores it 0. Only endpoints the server was started with
+        (``--model-endpoint``) are called: anything else is 403."""
+        if not _allowed_endpoint(body.model.base_url, model_endpoints):
+            return error(403, "forbidden_endpoint",
+                         f"this server calls only the model endpoints it was started with (--model-endpoint); "
+                         f"{body.model.base_url!r} is not one of them")
+        sampling = body.sampling.model_dump(exclude_none=True, exclude={"temperature", "max_tokens"})
+        config = ModelConfig(name=body.model.name, base_url=body.model.base_url, api_key=body.model.api_key,
+                             temperature=body.sampling.temperature, max_tokens=body.sampling.max_tokens,
+                             timeout=body.model.timeout, retries=body.model.retries, extra=sampling)
+        episode = await service.rollout(who, body.task_id, config, max_turns=body.max_turns, tool_mode=body.tool_mode,
+                                        max_steps=body.max_steps, time_limit=body.time_limit)
+        trajectory = asdict(episode)
+        trajectory["report"] = {episode.instance_id: episode.report} if episode.report is not None else None
+        return RolloutResponse(reward=episode.reward, resolved=episode.resolved,
+                               mask_sample=episode.outcome == "masked", outcome=episode.outcome,
+                               end_reason=episode.end_reason, mask_reason=episode.mask_reason, trajectory=trajectory)
+
     # -- stateless ------------------------------------------------------------------------
 
     @app.post("/v1/verify", response_model=VerifyResponse, tags=["verify"], responses={**ERRORS, **AUTH_ERRORS})
@@ -225,3 +260,9 @@ def create_app(
     app.include_router(nemo_gym_router(service))
     return app
 
+
+
+def _allowed_endpoint(base_url: str, allowed: Sequence[str]) -> bool:
+    """Whether ``base_url`` is one of ``allowed`` or under one (a path below it)."""
+    url = base_url.rstrip("/")
+    return any(url == a.rstrip("/") or url.startswith(a.rstrip("/") + "/") for a in allowed)

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gym_envs.envs.repo_env import RepoEnv
 from gym_envs.grading.verifier import InstanceReport, Verifier
+from gym_envs.rollouts.loop import Episode, run_episode
+from gym_envs.rollouts.model import ChatModel, ModelConfig
 from sandboxes import SandboxError, reap_stale
 from tasks.backends import sandbox_factory
 from tasks.catalog import TaskSet
@@ -212,6 +214,31 @@ class EnvService:
         if any(removed.values()):
             log.info("removed leftovers of dead processes: %s", removed)
         return removed
+
+    # -- whole rollouts -------------------------------------------------------------------
+
+    async def rollout(self, owner: str | None, task_id: str, model: ModelConfig, *, max_turns: int,
+                      tool_mode: str, protocol: str = "native", **overrides: Any) -> Episode:
+        """A whole episode of ``model`` on ``task_id`` (:func:`gym_envs.rollouts.loop.run_episode`) in
+        a session of its own: the same capacity bound (:class:`CapacityError`) and deadline
+        (:class:`OperationTimeout`) as any session; closed at the end whatever happened."""
+        self.task_set.get(task_id)  # UnknownTaskError -> 404 before a slot is taken
+        options = dict(self.env_options)
+        options.update({k: v for k, v in overrides.items() if v is not None})
+
+        def start(session: Session) -> None:
+            session.env = RepoEnv(self.task_set, backend=self.backend, **options)
+            session.instance_id = task_id
+
+        session, _ = await self.manager.create(owner, start)
+        self.metrics.sessions_created.labels(protocol).inc()
+        chat = ChatModel(model)
+        try:
+            return await self._operate(session, lambda: run_episode(session.env, chat, task_id, max_turns=max_turns,
+                                                                    tool_mode=tool_mode))
+        finally:
+            chat.close()
+            await self.manager.close(session)
 
     # -- stateless ------------------------------------------------------------------------
 

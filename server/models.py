@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,3 +90,45 @@ class Health(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str
+
+
+class ModelEndpoint(_Request):
+    """The model a rollout uses: an OpenAI-compatible endpoint. The key travels here, never read
+    from the server's own environment (a client must not be able to send the server's secrets to
+    an endpoint of its choosing)."""
+
+    base_url: str = Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$", max_length=2000,
+                          description="API root, e.g. http://vllm:8000/v1: one of the server's --model-endpoint.")
+    name: str = Field(description="The model name the endpoint serves.")
+    api_key: str | None = Field(None, description="Sent as a bearer token to the endpoint; never stored.")
+    timeout: float = Field(300.0, gt=0, le=3600, description="Deadline of one model call (s).")
+    retries: int = Field(4, ge=0, le=10)
+
+
+class Sampling(_Request):
+    temperature: float = Field(0.0, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+
+
+class RolloutRequest(_Request):
+    """A whole episode on the server: the model's tool calls drive a session until it ends."""
+
+    task_id: str
+    model: ModelEndpoint
+    sampling: Sampling = Field(default_factory=Sampling)
+    max_turns: int = Field(100, ge=1, le=1000)
+    max_steps: int | None = Field(None, ge=1, le=1000, description="Default: the server's --max-steps.")
+    time_limit: float | None = Field(None, gt=0)
+    tool_mode: Literal["auto", "native", "text"] = "auto"
+
+
+class RolloutResponse(BaseModel):
+    reward: float
+    resolved: bool
+    mask_sample: bool = Field(description="The endpoint or the environment failed: leave the sample out.")
+    outcome: str = Field(description="resolved, unresolved or masked.")
+    end_reason: str
+    mask_reason: str | None = None
+    trajectory: dict[str, Any] = Field(description="The episode, in patchgym run's trajectory format (docs/run.md).")

@@ -207,3 +207,34 @@ def test_the_command_line_runs_a_model_and_writes_the_html_report(fake, calc_tas
     missing = CliRunner().invoke(app, ["run", "--model", "m", "--base-url", fake.url, "--output", str(out),
                                        "--api-key-env", "NO_SUCH_VARIABLE_SET"])
     assert missing.exit_code == 2 and "NO_SUCH_VARIABLE_SET" in missing.output
+
+
+def test_the_server_runs_whole_rollouts(fake, calc_tasks_file, calc_task):
+    import httpx
+
+    from server.app import create_app
+
+    fake.default = oracle(calc_task.patch)
+    app = create_app(tasks=calc_tasks_file, max_sessions=1, model_endpoints=[fake.url])
+    body = {"task_id": TASK, "model": {"base_url": fake.url, "name": "scripted", "api_key": "sk-x", "retries": 0},
+            "sampling": {"temperature": 0.5, "seed": 7}, "max_turns": 10}
+    with serve(app) as url, httpx.Client(base_url=url, timeout=120) as http:
+        r = http.post("/v1/rollouts", json=body)
+        assert r.status_code == 200, r.text
+        v = r.json()
+        assert v["reward"] == 1.0 and v["resolved"] and not v["mask_sample"] and v["end_reason"] == "submitted"
+        assert [m["role"] for m in v["trajectory"]["messages"]][:3] == ["system", "user", "assistant"]
+        sent = fake.requests[-1]
+        assert sent["temperature"] == 0.5 and sent["seed"] == 7 and sent["model"] == "scripted"
+        assert http.get("/healthz").json()["sessions"] == 0, "the rollout's session is closed"
+        # a failing endpoint: masked, not 0
+        fake.default = [Turn(failures=9, status=503)]
+        v = http.post("/v1/rollouts", json=body).json()
+        assert v["mask_sample"] is True and v["outcome"] == "masked" and v["reward"] == 0.0
+        # only the endpoints the server was started with
+        other = {**body, "model": {**body["model"], "base_url": "http://169.254.169.254/latest"}}
+        r = http.post("/v1/rollouts", json=other)
+        assert r.status_code == 403 and "--model-endpoint" in r.json()["detail"]
+        assert http.post("/v1/rollouts", json={**body, "task_id": "nope"}).status_code == 404
+        assert http.post("/v1/rollouts", json={**body, "model": {**body["model"], "base_url": "file:///etc"}}
+                         ).status_code == 422

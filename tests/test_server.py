@@ -134,7 +134,7 @@ def test_openapi_lists_every_route(http):
     expected = {
         "/v1/sessions": {"post"}, "/v1/sessions/{session_id}/step": {"post"},
         "/v1/sessions/{session_id}/reset": {"post"}, "/v1/sessions/{session_id}": {"get", "delete"},
-        "/v1/verify": {"post"}, "/v1/tasks": {"get"}, "/v1/tasks/{instance_id}": {"get"},
+        "/v1/verify": {"post"}, "/v1/rollouts": {"post"}, "/v1/tasks": {"get"}, "/v1/tasks/{instance_id}": {"get"},
         "/healthz": {"get"}, "/metrics": {"get"},
     }
     for path, methods in expected.items():

@@ -696,6 +696,8 @@ def serve(
                                            "abandoned frees its slot. Keep it above the longest model turn.")] = 300,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Steps before an episode is truncated.")] = 50,
     time_limit: Annotated[float | None, typer.Option("--time-limit", min=1, help="Seconds per episode.")] = None,
+    model_endpoint: Annotated[list[str] | None, typer.Option(
+        "--model-endpoint", help="A model API root /v1/rollouts may call (repeat); none: it calls none.")] = None,
     command_timeout: Annotated[float, typer.Option(
         "--command-timeout", min=1, help="Deadline of one bash command (s).")] = 120,
     output_limit: Annotated[int, typer.Option(
@@ -721,7 +723,8 @@ def serve(
     try:
         api = create_app(tasks=_load(tasks), backend=backend, max_sessions=max_sessions, token=token or None,
                          idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options,
-                         seed_wait=seed_wait, rollout_idle_ttl=nemo_gym_idle_ttl)
+                         seed_wait=seed_wait, rollout_idle_ttl=nemo_gym_idle_ttl,
+                         model_endpoints=model_endpoint or ())
     except ValueError as exc:
         fail(str(exc))
     # In-flight requests get a short grace on shutdown; then the lifespan closes every sandbox.
