@@ -238,3 +238,10 @@ def test_the_server_runs_whole_rollouts(fake, calc_tasks_file, calc_task):
         assert http.post("/v1/rollouts", json={**body, "task_id": "nope"}).status_code == 404
         assert http.post("/v1/rollouts", json={**body, "model": {**body["model"], "base_url": "file:///etc"}}
                          ).status_code == 422
+
+
+def test_two_workers_run_two_tasks_at_once(fake, two_tasks, calc_task, tmp_path):
+    fake.default = oracle(calc_task.patch)
+    report = run(fake, two_tasks, tmp_path, options=RunOptions(output=tmp_path / "run", workers=2, max_steps=10))
+    assert report["resolved"] == 2 and report["env_cpu_seconds"] is not None
+    assert all(i["env_cpu_seconds"] is None for i in report["instances"]), "not attributable with two workers"

@@ -15,6 +15,7 @@ local backend), for the whole run; per episode only when one worker runs, where 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import resource
@@ -31,6 +32,7 @@ from gym_envs.rollouts.loop import Episode, run_episode
 from gym_envs.rollouts.model import ChatModel, ModelConfig
 from tasks.catalog import TaskSet
 
+log = logging.getLogger(__name__)
 RUN_FILE, TRAJECTORIES, PREDICTIONS, REPORT = "run.json", "trajectories.jsonl", "predictions.jsonl", "report.json"
 # Settings a resumed run must share with the run it continues (else its numbers would mix two runs).
 RESUME_KEYS = ("model", "base_url", "temperature", "max_tokens", "max_turns", "max_steps", "tool_mode", "backend")
@@ -106,28 +108,37 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
 
     def one(instance_id: str) -> dict[str, Any]:
         before = _children_cpu()
-        env = RepoEnv(task_set, backend=options.backend, max_steps=options.max_steps, time_limit=options.time_limit,
-                      **options.env_options)
         try:
-            episode = run_episode(env, chat, instance_id, max_turns=options.max_turns, tool_mode=options.tool_mode,
-                                  observation_limit=options.observation_limit)
-        finally:
-            env.close()
+            env = RepoEnv(task_set, backend=options.backend, max_steps=options.max_steps,
+                          time_limit=options.time_limit, **options.env_options)
+            try:
+                episode = run_episode(env, chat, instance_id, max_turns=options.max_turns,
+                                      tool_mode=options.tool_mode, observation_limit=options.observation_limit)
+            finally:
+                env.close()
+        except Exception as exc:  # one broken episode must not end a run of hundreds: masked, logged
+            log.exception("%s: the episode failed", instance_id)
+            episode = Episode(instance_id=instance_id, model=model.name, outcome="masked",
+                              end_reason="environment_error", mask_reason=f"{type(exc).__name__}: {exc}")
         cpu = round(_children_cpu() - before, 3) if options.workers == 1 else None
         return trajectory_line(episode, options, cpu)
 
     try:
         with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="patchgym-run") as pool:
             futures = [pool.submit(one, i) for i in todo]
-            for future in as_completed(futures):
-                line = future.result()
-                with lock:
-                    with (out / TRAJECTORIES).open("a", encoding="utf-8") as fh:
-                        fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-                    _count(progress, line)
-                    write_outputs(out, task_set, run_info, cpu_seconds=None)
-                if on_episode:
-                    on_episode(line, progress)
+            try:
+                for future in as_completed(futures):
+                    line = future.result()
+                    with lock:
+                        with (out / TRAJECTORIES).open("a", encoding="utf-8") as fh:
+                            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+                        _count(progress, line)
+                        write_outputs(out, task_set, run_info, cpu_seconds=None)
+                    if on_episode:
+                        on_episode(line, progress)
+            except BaseException:  # interrupted: start nothing new; running episodes end and close
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
     finally:
         if own_chat:
             chat.close()
