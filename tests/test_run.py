@@ -5,6 +5,7 @@ a failing endpoint masks the episode and a rerun runs it again; exports give tra
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from gym_envs.rollouts.run import RunDirError, RunOptions, run_model, wilson
 from tasks.catalog import load_task_set
 from tests.fake_openai import FakeModel, Turn, call
 from tests.serving import serve
+from tests.test_run_html import CHROMIUM, load_pages, need_chromium
 from tests.test_server import TASK
 
 SECOND = "fixture__calc-2"  # the same bug under a second id, for runs of two tasks
@@ -203,6 +205,12 @@ def test_the_command_line_runs_a_model_and_writes_the_html_report(fake, calc_tas
                                       "--price-in", "1", "--price-out", "1"])
     assert result.exit_code == 0, result.output
     assert "resolved 1/1" in result.output and (out / "report.html").exists()
+    report = json.loads((out / "report.json").read_text())
+    if CHROMIUM.exists() or os.environ.get("PATCHGYM_REQUIRE_CHROMIUM") == "1":  # a real run's page, in the browser
+        need_chromium()
+        dom, text, console = load_pages({"real": (out / "report.html").as_uri()}, tmp_path)["real"]
+        assert console == [] and 'data-report-ready="1"' in text
+        assert f'data-value="{report["resolved_rate"]}"' in text and TASK in text
     assert "sk-test" not in (out / "run.json").read_text() + (out / "trajectories.jsonl").read_text()
     missing = CliRunner().invoke(app, ["run", "--model", "m", "--base-url", fake.url, "--output", str(out),
                                        "--api-key-env", "NO_SUCH_VARIABLE_SET"])
