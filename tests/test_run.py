@@ -253,3 +253,12 @@ def test_two_workers_run_two_tasks_at_once(fake, two_tasks, calc_task, tmp_path)
     report = run(fake, two_tasks, tmp_path, options=RunOptions(output=tmp_path / "run", workers=2, max_steps=10))
     assert report["resolved"] == 2 and report["env_cpu_seconds"] is not None
     assert all(i["env_cpu_seconds"] is None for i in report["instances"]), "not attributable with two workers"
+
+
+def test_a_line_cut_short_by_a_kill_does_not_swallow_the_next(fake, two_tasks, calc_task, tmp_path):
+    fake.default = oracle(calc_task.patch)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "trajectories.jsonl").write_text('{"instance_id": "fixture__calc-1", "outco')  # killed mid-write
+    report = run(fake, two_tasks, tmp_path)
+    assert report["completed"] == 2 and report["resolved"] == 2

@@ -130,8 +130,7 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
                 for future in as_completed(futures):
                     line = future.result()
                     with lock:
-                        with (out / TRAJECTORIES).open("a", encoding="utf-8") as fh:
-                            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+                        _append_line(out / TRAJECTORIES, json.dumps(line, ensure_ascii=False))
                         _count(progress, line)
                         write_outputs(out, task_set, run_info, cpu_seconds=None)
                     if on_episode:
@@ -223,6 +222,18 @@ def _count(progress: RunProgress, line: dict[str, Any]) -> None:
     progress.tokens_in += line["tokens_in"]
     progress.tokens_out += line["tokens_out"]
     progress.cost_usd += line["cost_usd"]
+
+
+def _append_line(path: Path, text: str) -> None:
+    """Append one line; after a line cut short by a killed run, on a line of its own (else both
+    would be one unreadable line)."""
+    with path.open("ab") as fh:
+        if fh.tell() > 0:
+            with path.open("rb") as check:
+                check.seek(-1, os.SEEK_END)
+                if check.read(1) != b"\n":
+                    fh.write(b"\n")
+        fh.write(text.encode("utf-8") + b"\n")
 
 
 def _children_cpu() -> float:
