@@ -262,3 +262,10 @@ def test_a_line_cut_short_by_a_kill_does_not_swallow_the_next(fake, two_tasks, c
     (out / "trajectories.jsonl").write_text('{"instance_id": "fixture__calc-1", "outco')  # killed mid-write
     report = run(fake, two_tasks, tmp_path)
     assert report["completed"] == 2 and report["resolved"] == 2
+
+
+def test_running_out_of_steps_is_graded_and_says_so(fake, calc_tasks_file, calc_task, tmp_path):
+    fake.default = [call("bash", {"command": "true"})] * 5
+    report = run(fake, calc_tasks_file, tmp_path, options=RunOptions(output=tmp_path / "run", max_steps=3))
+    (inst,) = report["instances"]
+    assert inst["end_reason"] == "max_steps" and inst["steps"] == 3 and inst["outcome"] == "unresolved"

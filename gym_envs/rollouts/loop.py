@@ -130,7 +130,7 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
             else:
                 messages.append({"role": "user", "content": text})
             if terminated or truncated:
-                reason = "submitted" if name == "submit" and terminated else _budget_reason(env)
+                reason = "submitted" if name == "submit" and terminated else _budget_reason(env, info)
                 return _record_grade(episode, reward, info, reason)
 
 
@@ -171,10 +171,9 @@ def _calls(message: dict[str, Any], tool_mode: str) -> list[tuple[str | None, st
     return [(None, "bash", {"command": command})] if command else []
 
 
-def _budget_reason(env: RepoEnv) -> str:
-    unwrapped = env.unwrapped if hasattr(env, "unwrapped") else env
-    steps = getattr(unwrapped, "_steps", 0)
-    return "max_steps" if steps >= getattr(unwrapped, "max_steps", steps + 1) else "time_limit"
+def _budget_reason(env: RepoEnv, info: dict[str, Any]) -> str:
+    """Why the environment cut the episode short: its step budget, else its time limit."""
+    return "max_steps" if info.get("step", 0) >= env.unwrapped.max_steps else "time_limit"
 
 
 def _grade_as_is(env: RepoEnv, episode: Episode, reason: str, note: str | None = None) -> None:
