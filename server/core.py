@@ -233,9 +233,12 @@ class EnvService:
         session, _ = await self.manager.create(owner, start)
         self.metrics.sessions_created.labels(protocol).inc()
         chat = ChatModel(model)
+        # No model turn starts in the last fifth of the deadline: that is left for grading, so the
+        # episode ends graded rather than abandoned (an abandoned thread would go on calling the model).
+        deadline = time.monotonic() + 0.8 * self.operation_timeout
         try:
             return await self._operate(session, lambda: run_episode(session.env, chat, task_id, max_turns=max_turns,
-                                                                    tool_mode=tool_mode))
+                                                                    tool_mode=tool_mode, deadline=deadline))
         finally:
             chat.close()
             await self.manager.close(session)

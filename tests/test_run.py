@@ -269,3 +269,18 @@ def test_running_out_of_steps_is_graded_and_says_so(fake, calc_tasks_file, calc_
     report = run(fake, calc_tasks_file, tmp_path, options=RunOptions(output=tmp_path / "run", max_steps=3))
     (inst,) = report["instances"]
     assert inst["end_reason"] == "max_steps" and inst["steps"] == 3 and inst["outcome"] == "unresolved"
+
+
+def test_no_turn_starts_after_the_deadline(fake, calc_tasks_file, calc_task):
+    import time
+
+    from gym_envs.envs.repo_env import RepoEnv
+    from gym_envs.rollouts.loop import run_episode
+
+    fake.default = [call("bash", {"command": "true"})] * 50
+    env = RepoEnv(calc_tasks_file, max_steps=50)
+    try:
+        episode = run_episode(env, ChatModel(config(fake)), TASK, deadline=time.monotonic() + 3)
+    finally:
+        env.close()
+    assert episode.end_reason == "time_limit" and episode.outcome == "unresolved" and episode.turns < 50

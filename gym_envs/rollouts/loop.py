@@ -68,23 +68,26 @@ class Episode:
 
 
 def run_episode(env: RepoEnv, model: ChatModel, instance_id: str, *, max_turns: int = 100,
-                tool_mode: str = "auto", observation_limit: int = 20_000) -> Episode:
+                tool_mode: str = "auto", observation_limit: int = 20_000, deadline: float | None = None) -> Episode:
     """Run ``model`` on ``instance_id`` in ``env`` (reset here; the caller closes ``env``).
-    ``observation_limit``: characters of each tool output the model sees (head and tail kept)."""
+    ``observation_limit``: characters of each tool output the model sees (head and tail kept).
+    ``deadline`` (``time.monotonic()``): no model turn starts after it; the workspace is graded as
+    it stands (``time_limit``), so a caller's own deadline is not spent in model calls."""
     if tool_mode not in TOOL_MODES:
         raise ValueError(f"tool_mode must be one of {', '.join(TOOL_MODES)}, not {tool_mode!r}")
     started = time.monotonic()
     episode = Episode(instance_id=instance_id, model=model.config.name,
                       tool_mode="text" if tool_mode == "text" else "native")
     try:
-        _drive(env, model, episode, max_turns=max_turns, tool_mode=tool_mode, observation_limit=observation_limit)
+        _drive(env, model, episode, max_turns=max_turns, tool_mode=tool_mode, observation_limit=observation_limit,
+               deadline=deadline)
     finally:
         episode.wall_seconds = round(time.monotonic() - started, 3)
     return episode
 
 
 def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, tool_mode: str,
-           observation_limit: int) -> None:
+           observation_limit: int, deadline: float | None) -> None:
     observation, info = env.reset(options={"task_id": episode.instance_id})
     if info.get("infrastructure_failure"):
         _mask(episode, "environment_error", observation)
@@ -95,6 +98,8 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
     while True:
         if episode.turns >= max_turns:
             return _grade_as_is(env, episode, "max_turns")
+        if deadline is not None and time.monotonic() >= deadline:
+            return _grade_as_is(env, episode, "time_limit")
         try:
             reply = model.complete(messages, env.tools if episode.tool_mode == "native" else None)
         except ToolsUnsupported:
