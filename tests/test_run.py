@@ -277,10 +277,10 @@ def test_no_turn_starts_after_the_deadline(fake, calc_tasks_file, calc_task):
     from gym_envs.envs.repo_env import RepoEnv
     from gym_envs.rollouts.loop import run_episode
 
-    fake.default = [call("bash", {"command": "true"})] * 50
-    env = RepoEnv(calc_tasks_file, max_steps=50)
+    fake.default = [call("bash", {"command": "sleep 0.2"})] * 1000  # far more than fits before the deadline
+    env = RepoEnv(calc_tasks_file, max_steps=1000)
     try:
-        episode = run_episode(env, ChatModel(config(fake)), TASK, deadline=time.monotonic() + 3)
+        episode = run_episode(env, ChatModel(config(fake)), TASK, max_turns=1000, deadline=time.monotonic() + 6)
     finally:
         env.close()
-    assert episode.end_reason == "time_limit" and episode.outcome == "unresolved" and episode.turns < 50
+    assert episode.end_reason == "time_limit" and episode.outcome == "unresolved" and episode.turns < 1000
