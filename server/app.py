@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gym_envs.rollouts.model import ModelConfig
+from gym_envs.rollouts.run import trajectory_line
 from sandboxes import SandboxError
 from tasks.catalog import TaskSet, UnknownTaskError, load_task_set
 
@@ -221,8 +221,7 @@ def create_app(
                              timeout=body.model.timeout, retries=body.model.retries, extra=sampling)
         episode = await service.rollout(who, body.task_id, config, max_turns=body.max_turns, tool_mode=body.tool_mode,
                                         max_steps=body.max_steps, time_limit=body.time_limit)
-        trajectory = asdict(episode)
-        trajectory["report"] = {episode.instance_id: episode.report} if episode.report is not None else None
+        trajectory = trajectory_line(episode)
         return RolloutResponse(reward=episode.reward, resolved=episode.resolved,
                                mask_sample=episode.outcome == "masked", outcome=episode.outcome,
                                end_reason=episode.end_reason, mask_reason=episode.mask_reason, trajectory=trajectory)

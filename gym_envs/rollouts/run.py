@@ -61,7 +61,7 @@ class RunOptions:
 
 @dataclass
 class RunProgress:
-    """What a progress display shows, updated as episodes finish."""
+    """What a progress display shows (:func:`progress_of`)."""
 
     total: int
     done: int = 0
@@ -85,7 +85,7 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
     out = options.output
     out.mkdir(parents=True, exist_ok=True)
     params = settings(model, options)
-    prior = _read_run(out)
+    prior = _read_json(out / RUN_FILE)
     if prior is not None:
         differs = {k: (prior["params"].get(k), params.get(k)) for k in RESUME_KEYS
                    if prior["params"].get(k) != params.get(k)}
@@ -96,11 +96,8 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
                 "started_at": prior["started_at"] if prior else time.time(), "tasks": list(task_set.ids),
                 "model": model.name, "base_url": model.base_url}
     _write_json(out / RUN_FILE, run_info)
-    finished = {i: t for i, t in read_trajectories(out).items() if t["outcome"] != "masked"}
-    todo = [i for i in task_set.ids if i not in finished]
-    progress = RunProgress(total=len(task_set.ids))
-    for t in finished.values():
-        _count(progress, t)
+    lines = read_trajectories(out)  # read once; kept up to date in memory as episodes finish
+    todo = [i for i in task_set.ids if lines.get(i, {}).get("outcome") in (None, "masked")]
     lock = threading.Lock()
     cpu_start = _children_cpu()
     own_chat = chat is None
@@ -121,7 +118,8 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
             episode = Episode(instance_id=instance_id, model=model.name, outcome="masked",
                               end_reason="environment_error", mask_reason=f"{type(exc).__name__}: {exc}")
         cpu = round(_children_cpu() - before, 3) if options.workers == 1 else None
-        return trajectory_line(episode, options, cpu)
+        return trajectory_line(episode, input_per_mtok=options.input_per_mtok,
+                               output_per_mtok=options.output_per_mtok, env_cpu_seconds=cpu)
 
     try:
         with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="patchgym-run") as pool:
@@ -131,22 +129,24 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
                     line = future.result()
                     with lock:
                         _append_line(out / TRAJECTORIES, json.dumps(line, ensure_ascii=False))
-                        _count(progress, line)
-                        write_outputs(out, task_set, run_info, cpu_seconds=None)
+                        lines[line["instance_id"]] = line
+                        write_outputs(out, task_set, run_info, lines, cpu_seconds=None)
                     if on_episode:
-                        on_episode(line, progress)
+                        on_episode(line, progress_of(task_set, lines))
             except BaseException:  # interrupted: start nothing new; running episodes end and close
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
     finally:
         if own_chat:
             chat.close()
-    return write_outputs(out, task_set, run_info, cpu_seconds=round(_children_cpu() - cpu_start, 3))
+    return write_outputs(out, task_set, run_info, lines, cpu_seconds=round(_children_cpu() - cpu_start, 3))
 
 
-def trajectory_line(episode: Episode, options: RunOptions, env_cpu_seconds: float | None) -> dict[str, Any]:
+def trajectory_line(episode: Episode, *, input_per_mtok: float = 0.0, output_per_mtok: float = 0.0,
+                    env_cpu_seconds: float | None = None) -> dict[str, Any]:
+    """An episode as a line of trajectories.jsonl (``docs/run.md``), also what /v1/rollouts answers."""
     line = asdict(episode)
-    line["cost_usd"] = round(episode.cost(options.input_per_mtok, options.output_per_mtok), 6)
+    line["cost_usd"] = round(episode.cost(input_per_mtok, output_per_mtok), 6)
     line["env_cpu_seconds"] = env_cpu_seconds
     # keyed by instance, as SWE-bench's own report files are
     line["report"] = {episode.instance_id: episode.report} if episode.report is not None else None
@@ -170,9 +170,9 @@ def read_trajectories(out: Path) -> dict[str, dict[str, Any]]:
     return lines
 
 
-def write_outputs(out: Path, task_set: TaskSet, run_info: dict[str, Any], *, cpu_seconds: float | None) -> dict:
-    """Rewrite predictions.jsonl and report.json from the trajectories (atomically each)."""
-    lines = read_trajectories(out)
+def write_outputs(out: Path, task_set: TaskSet, run_info: dict[str, Any], lines: dict[str, dict[str, Any]], *,
+                  cpu_seconds: float | None) -> dict:
+    """Rewrite predictions.jsonl and report.json from the episodes (atomically each)."""
     model = run_info["model"]
     preds = "".join(json.dumps({"instance_id": i, "model_name_or_path": model, "model_patch": t.get("patch") or ""})
                     + "\n" for i, t in lines.items() if t["outcome"] != "masked")
@@ -215,13 +215,14 @@ def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _count(progress: RunProgress, line: dict[str, Any]) -> None:
-    progress.done += 1
-    progress.resolved += line["outcome"] == "resolved"
-    progress.masked += line["outcome"] == "masked"
-    progress.tokens_in += line["tokens_in"]
-    progress.tokens_out += line["tokens_out"]
-    progress.cost_usd += line["cost_usd"]
+def progress_of(task_set: TaskSet, lines: dict[str, dict[str, Any]]) -> RunProgress:
+    """What a progress display shows, from the episodes finished so far."""
+    done = [lines[i] for i in task_set.ids if i in lines]
+    return RunProgress(total=len(task_set.ids), done=len(done),
+                       resolved=sum(t["outcome"] == "resolved" for t in done),
+                       masked=sum(t["outcome"] == "masked" for t in done),
+                       tokens_in=sum(t["tokens_in"] for t in done), tokens_out=sum(t["tokens_out"] for t in done),
+                       cost_usd=sum(t["cost_usd"] for t in done))
 
 
 def _append_line(path: Path, text: str) -> None:
@@ -239,10 +240,6 @@ def _append_line(path: Path, text: str) -> None:
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def _read_run(out: Path) -> dict[str, Any] | None:
-    return _read_json(out / RUN_FILE)
 
 
 def _read_json(path: Path) -> Any:
