@@ -94,6 +94,8 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
         return
     messages = episode.messages
     messages += [{"role": "system", "content": _system(episode.tool_mode)}, {"role": "user", "content": observation}]
+    if episode.tool_mode == "native":
+        episode.tools = env.tools
     idle = 0
     while True:
         if episode.turns >= max_turns:
@@ -101,11 +103,11 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
         if deadline is not None and time.monotonic() >= deadline:
             return _grade_as_is(env, episode, "time_limit")
         try:
-            reply = model.complete(messages, env.tools if episode.tool_mode == "native" else None)
+            reply = model.complete(messages, episode.tools or None)
         except ToolsUnsupported:
             if tool_mode != "auto":
                 return _mask(episode, "model_error", "the endpoint does not support tool calls (use --tool-mode text)")
-            episode.tool_mode = "text"
+            episode.tool_mode, episode.tools = "text", []
             messages[0] = {"role": "system", "content": _system("text")}
             continue
         except ContextOverflow as exc:
@@ -113,7 +115,6 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
         except ModelError as exc:
             return _mask(episode, "model_error", str(exc))
         episode.turns += 1
-        episode.tools = env.tools if episode.tool_mode == "native" else []
         episode.tokens_in += reply.tokens_in
         episode.tokens_out += reply.tokens_out
         message = _clean(reply.message)
@@ -186,7 +187,6 @@ def _grade_as_is(env: RepoEnv, episode: Episode, reason: str, note: str | None =
     _, reward, _, _, info = env.step({"name": "submit", "arguments": {}})
     _record_grade(episode, reward, info, reason)
     if note:
-        episode.mask_reason = None
         episode.messages.append({"role": "user", "content": f"{END_NOTE}{note[:500]}]"})
 
 
