@@ -565,7 +565,9 @@ def _canonical(value: Any) -> str:
 
 TASK_INDEX = "_ng_task_index"  # NeMo Gym's keys of a row's task and of its rollout of it
 ROLLOUT_INDEX = "_ng_rollout_index"
-STATS = ("mean", "max", "min", "median", "std")
+# NeMo Gym's profiler's statistics, in its order (std: the sample's, 0 for a single value).
+STATS = {"mean": statistics.fmean, "max": max, "min": min, "median": statistics.median,
+         "std": lambda values: statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
 def _numeric_fields(response: dict[str, Any]) -> dict[str, float]:
@@ -582,24 +584,9 @@ def _numeric_fields(response: dict[str, Any]) -> dict[str, float]:
 
 
 def _describe(rows: list[dict[str, float]]) -> dict[str, float]:
-    """``{stat}/{field}`` for each field: mean, max, min, median and sample standard deviation
-    (0 for a single value), as NeMo Gym's profiler writes them."""
-    out: dict[str, float] = {}
+    """``{stat}/{field}`` for each stat of :data:`STATS` and each field, as NeMo Gym's profiler writes them."""
     names = list(dict.fromkeys(k for r in rows for k in r))
-    for stat in STATS:
-        for name in names:
-            values = [r[name] for r in rows if name in r]
-            if stat == "mean":
-                out[f"mean/{name}"] = statistics.fmean(values)
-            elif stat == "max":
-                out[f"max/{name}"] = max(values)
-            elif stat == "min":
-                out[f"min/{name}"] = min(values)
-            elif stat == "median":
-                out[f"median/{name}"] = statistics.median(values)
-            else:
-                out[f"std/{name}"] = statistics.stdev(values) if len(values) > 1 else 0.0
-    return out
+    return {f"{stat}/{name}": fn([r[name] for r in rows if name in r]) for stat, fn in STATS.items() for name in names}
 
 
 def _aggregate(responses: list[dict[str, Any]]) -> NemoGymAggregateMetrics:
@@ -613,20 +600,20 @@ def _aggregate(responses: list[dict[str, Any]]) -> NemoGymAggregateMetrics:
     by_task: dict[Any, list[dict[str, Any]]] = {}
     for r in responses:
         by_task.setdefault(r.get(TASK_INDEX, 0), []).append(r)
-    groups = []
+    groups, every = [], []
     for task_index in sorted(by_task, key=lambda k: (str(type(k)), k)):
         rows = by_task[task_index]
-        scored = [r for r in rows if not r.get("mask_sample")]
+        scored = [(r, _numeric_fields(r)) for r in rows if not r.get("mask_sample")]
+        every += [fields for _, fields in scored]
         infos = [{"rollout_id": f"{task_index}:{r.get(ROLLOUT_INDEX, 0)}", TASK_INDEX: task_index,
-                  ROLLOUT_INDEX: r.get(ROLLOUT_INDEX, 0), **_numeric_fields(r)} for r in scored]
-        groups.append({TASK_INDEX: task_index, **(_describe([_numeric_fields(r) for r in scored]) if scored else {}),
+                  ROLLOUT_INDEX: r.get(ROLLOUT_INDEX, 0), **fields} for r, fields in scored]
+        groups.append({TASK_INDEX: task_index, **_describe([f for _, f in scored]),
                        "instance_id": rows[0].get("instance_id"), "num_rollouts": len(scored),
                        "expected_num_rollouts": len(rows), "missing_num_rollouts": len(rows) - len(scored),
                        "num_masked": len(rows) - len(scored),
                        "rollout_infos": sorted(infos, key=lambda i: str(i[ROLLOUT_INDEX]))})
-    scored = [r for r in responses if not r.get("mask_sample")]
-    agent = {**(_describe([_numeric_fields(r) for r in scored]) if scored else {}),
-             "num_samples": len(responses), "num_masked": len(responses) - len(scored)}
+    agent = {**_describe(every),
+             "num_samples": len(responses), "num_masked": len(responses) - len(every)}
     return NemoGymAggregateMetrics(group_level_metrics=groups, agent_metrics=agent,
                                    key_metrics={k: v for k, v in agent.items() if k.startswith("mean/")})
 
