@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,6 +115,25 @@ def calc_sandbox(calc_task):
     sandbox = make_sandbox(calc_task)
     yield sandbox
     sandbox.close()
+
+
+def sandbox_of_a_killed_process(task, then: str) -> list[str]:
+    """Make a local sandbox for ``task`` in a child process, run ``then`` (Python, with the sandbox
+    as ``sb``; what it prints comes back as words), and kill the child with SIGKILL: what a crashed
+    owner leaves behind, for the reapers to find."""
+    script = (
+        "import os, sys\n"
+        f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
+        "from tasks.backends import make_sandbox\n"
+        "from tasks.model import load_tasks\n"
+        f"sb = make_sandbox(load_tasks({str(task.source_file)!r})[0])\n"
+        f"{then}\n"
+        "sys.stdout.flush()\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    return proc.stdout.split()
 
 
 def docker_required() -> bool:

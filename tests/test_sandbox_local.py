@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sandbox_of_a_killed_process
 
 from sandboxes import (
     LocalSandbox,
@@ -282,22 +283,10 @@ def test_unisolated_fallback_warns_and_still_works(calc_task, caplog, monkeypatc
 
 def test_reaper_removes_leftovers_of_dead_processes(calc_task, tmp_path):
     """A sandbox owned by a process that died (kill -9) is found and removed."""
-    import sys
-
     from sandboxes import reap_stale
     from sandboxes.paths import cache_dir
 
-    script = (
-        "import os, sys\n"
-        f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
-        "from gym_envs import load_tasks\n"
-        "from tasks.backends import make_sandbox\n"
-        f"sb = make_sandbox(load_tasks({str(calc_task.source_file)!r})[0])\n"
-        "print(os.getpid(), sb.root, flush=True)\n"
-        "os.kill(os.getpid(), 9)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
-    pid, root = proc.stdout.split()
+    pid, root = sandbox_of_a_killed_process(calc_task, "print(os.getpid(), sb.root)")
     leftover = Path(root)
     assert leftover.is_dir() and leftover.name.startswith(f"{pid}-")
     cgroups = list(Path("/sys/fs/cgroup/pids/patchgym").glob(f"sb-{pid}-*"))

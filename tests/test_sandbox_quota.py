@@ -6,15 +6,14 @@ both the defense and what the agent or the operator is told.
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import sandbox_of_a_killed_process
 
 from sandboxes import ResourceLimits, SandboxError, WorkspaceError
 from sandboxes.mounts import mounts_under
@@ -150,18 +149,9 @@ def test_unbounded_fallback_warns_and_copies(calc_task, caplog, monkeypatch):
 def test_a_killed_owner_leaves_no_mounts_and_the_checkout_intact(calc_task):
     from sandboxes import reap_stale
 
-    script = (
-        "import os, sys\n"
-        f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
-        "from gym_envs import load_tasks\n"
-        "from tasks.backends import make_sandbox\n"
-        f"sb = make_sandbox(load_tasks({str(calc_task.source_file)!r})[0])\n"
+    bounded, root, template = sandbox_of_a_killed_process(calc_task, (
         "sb.exec('echo dirty > calc/__init__.py; rm -rf tests; echo t > /tmp/t')\n"
-        "print(sb.disk_bounded, sb.root, sb._template, flush=True)\n"
-        "os.kill(os.getpid(), 9)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy())
-    bounded, root, template = proc.stdout.split()
+        "print(sb.disk_bounded, sb.root, sb._template)"))
     root, template = Path(root), Path(template)
     if bounded != "True":
         pytest.skip("no bounded overlay workspace here")
