@@ -14,11 +14,12 @@ from collections.abc import Sequence
 
 from gym_envs.grading.patches import FilePatch, PatchError, parse_patch, render_patch
 from sandboxes import Sandbox, SandboxError
+from sandboxes.gitops import SAFE_GIT
 
 PATCH_FILE = ".patchgym-patch.diff"
 APPLY_MARK = "patchgym-applied-with:"
-GIT_APPLY = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.attributesFile=/dev/null "
-             "-c core.autocrlf=false -c core.symlinks=true apply --whitespace=nowarn")
+GIT_APPLY = (f"{SAFE_GIT} -c core.attributesFile=/dev/null -c core.autocrlf=false -c core.symlinks=true "
+             "apply --whitespace=nowarn")
 # --forward: with --batch, patch would otherwise reverse-apply a hunk that looks already applied.
 FUZZY_PATCH = "patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch"
 

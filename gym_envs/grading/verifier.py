@@ -22,12 +22,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gym_envs.grading.outcome import grade
-from gym_envs.grading.patch_apply import PATCH_FILE, apply_patch
+from gym_envs.grading.patch_apply import GIT_APPLY, PATCH_FILE, apply_patch
 from gym_envs.grading.patches import PatchError, filter_agent_patch, split_diff, touched_paths
 from gym_envs.grading.runners import changed_test_files
 from gym_envs.grading.testrun import run_tests
 from sandboxes import Sandbox, SandboxError
-from sandboxes.gitops import SAFE_GIT
 from tasks.backends import SandboxFactory, make_sandbox
 from tasks.model import Task
 
@@ -168,6 +167,6 @@ def _applies_to_base(sandbox: Sandbox, patch: str) -> bool:
     """Whether ``patch`` applies to the base commit: the index, which ``git apply`` of the
     agent's patch left untouched (the work tree has the agent's change)."""
     sandbox.write_file(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
-    result = sandbox.exec(f"{SAFE_GIT} apply --cached --check {PATCH_FILE}; s=$?; rm -f {PATCH_FILE}; exit $s",
+    result = sandbox.exec(f"{GIT_APPLY} --cached --check {PATCH_FILE}; s=$?; rm -f {PATCH_FILE}; exit $s",
                           timeout=120)
     return result.ok
