@@ -184,6 +184,8 @@ class LocalSandbox:
             self._fill()
 
     def close(self) -> None:
+        if not self._closed and self._group is not None and self._group.active:
+            self._group.kill_all()  # a command running in another thread ends now, not at its timeout
         with self._lock:
             if self._closed:
                 return

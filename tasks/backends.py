@@ -6,10 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from sandboxes import LocalSandbox, ResourceLimits, Sandbox, SandboxSpec
-from tasks.catalog import hidden_paths, repo_source
+from tasks.catalog import hidden_paths, hidden_paths_of_catalog, repo_source
 from tasks.model import Task
 
-BACKENDS = ("local", "docker")
+BACKENDS = ("local", "docker", "ray")
+#: Options of the ray backend that go to the sandbox on the node (the rest configure the actor).
+RAY_NODE_OPTIONS = ("isolation", "pool_size", "release", "network", "lifetime")
 
 SandboxFactory = Callable[[Task], Sandbox]
 
@@ -42,7 +44,19 @@ def make_sandbox(task: Task, backend: str = "local", **options: Any) -> Sandbox:
         if pool_size:
             options["pool"] = shared_pool(int(pool_size))
         return DockerSandbox(sandbox_spec(task), limits=limits, **options)
+    if backend == "ray":
+        from sandboxes.ray_cluster import RaySandbox
+
+        inner_options = {k: options.pop(k) for k in RAY_NODE_OPTIONS if k in options}
+        return RaySandbox(sandbox_spec(task), limits=limits, inner_options=inner_options,
+                          extra_hidden=node_catalog_paths, **options)
     raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+
+
+def node_catalog_paths() -> tuple[str, ...]:
+    """The task catalog as a Ray node has it installed (called on the node): hidden there too, since
+    the driver's paths for it may differ from the node's."""
+    return hidden_paths_of_catalog()
 
 
 def sandbox_factory(backend: str = "local", **options: Any) -> SandboxFactory:

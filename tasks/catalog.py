@@ -110,7 +110,7 @@ def repo_source(task: Task) -> str:
 def hidden_paths(task: Task) -> tuple[str, ...]:
     """Host paths a sandbox must hide: the catalog, the task's own file (hidden tests, gold patch)
     and its repository (later commits)."""
-    paths = {str(bundled.CATALOG_DIR)}
+    paths = set(hidden_paths_of_catalog())
     if task.source_file is not None:
         paths.add(str(task.source_file))
     try:
@@ -120,3 +120,8 @@ def hidden_paths(task: Task) -> tuple[str, ...]:
     except TaskFileError:
         pass
     return tuple(sorted(paths))
+
+
+def hidden_paths_of_catalog() -> tuple[str, ...]:
+    """The bundled catalog's paths on this host (hidden tests and gold patches of every bundled task)."""
+    return (str(bundled.CATALOG_DIR),)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shlex
 import shutil
 import signal
@@ -61,6 +60,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tests.netns import Netns
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -286,50 +287,6 @@ def ensure_root(progress: Progress = None) -> Path:
 
 # --------------------------------------------------------------------------------------------------
 # the network namespace
-
-
-class Netns:
-    """A network namespace with only ``lo``; on close every process in it is killed, then it goes."""
-
-    def __init__(self) -> None:
-        self.name = f"pg-nemo-{secrets.token_hex(4)}"
-
-    def __enter__(self) -> Netns:
-        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
-        try:
-            subprocess.run(["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"], check=True,
-                           capture_output=True)
-        except BaseException:
-            subprocess.run(["ip", "netns", "delete", self.name], capture_output=True)
-            raise
-        return self
-
-    def argv(self, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.name, *argv]
-
-    def pids(self) -> list[int]:
-        out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
-
-    def kill_all(self, grace: float = 5.0) -> None:
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            pids = self.pids()
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and self.pids():
-                time.sleep(0.2)
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.kill_all()
-        finally:
-            subprocess.run(["ip", "netns", "delete", self.name], capture_output=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -723,7 +680,7 @@ class Stack:
         scripts.write_text(json.dumps(case_scripts(gold_patch(self.tasks, self.instance_id))))
         self.base_row = dataset_rows(self.tasks, self.instance_id, ["-"], env=self.env)[0]
 
-        self.ns = Netns().__enter__()
+        self.ns = Netns("pg-nemo").__enter__()
         started = time.monotonic()
         self.serve, self.serve_log = self._start("serve", [
             *_patchgym_cli(), "serve", "--host", "127.0.0.1", "--port", str(PATCHGYM_PORT), "--backend", "local",

@@ -14,7 +14,16 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
+from gym_envs.cli.common import (
+    RayAddressOpt,
+    RaySandboxOpt,
+    TasksOpt,
+    backend_options,
+    console,
+    fail,
+    load_selection,
+    out,
+)
 from gym_envs.cli.images import images_app
 from gym_envs.cli.runs import register as register_run_commands
 from gym_envs.grading.evaluation import evaluate
@@ -45,8 +54,8 @@ def _load(tasks: Path | None, ids: list[str] | None = None) -> TaskSet:
     return load_selection(tasks, ids)[1]
 
 
-def _verifier(backend: str, isolation: str) -> Verifier:
-    options = {"isolation": isolation} if backend == "local" else {}
+def _verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local") -> Verifier:
+    options = backend_options(backend, isolation, ray_address, ray_sandbox)
     try:
         verifier = Verifier(sandbox_factory(backend, **options))
     except ValueError as exc:
@@ -207,10 +216,12 @@ def tasks_validate(
     workers: WorkersOpt = DEFAULT_WORKERS,
     backend: BackendOpt = "local",
     isolation: IsolationOpt = "auto",
+    ray_address: RayAddressOpt = None,
+    ray_sandbox: RaySandboxOpt = "local",
 ) -> None:
     """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
     task_set = _load(tasks, instance_ids)
-    verifier = _verifier(backend, isolation)
+    verifier = _verifier(backend, isolation, ray_address, ray_sandbox)
     results = _validate_with_progress(task_set, verifier, runs=runs, workers=workers, failed_word="problem(s)")
     table = Table(title="task validation")
     for col in ("instance_id", "gold", "empty", "flaky", "seconds", "verdict"):
@@ -240,6 +251,8 @@ def eval_cmd(
     output: Annotated[Path | None,
                       typer.Option("--output", help="Report directory (default: patchgym-runs/<predictions>).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
+    ray_address: RayAddressOpt = None,
+    ray_sandbox: RaySandboxOpt = "local",
 ) -> None:
     """Grade predictions and write SWE-bench-style reports."""
     everything, task_set = load_selection(tasks, instance_ids)
@@ -253,7 +266,7 @@ def eval_cmd(
         fail("no predictions for the selected instances")
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
     output = output or Path("patchgym-runs") / name
-    verifier = _verifier(backend, isolation)
+    verifier = _verifier(backend, isolation, ray_address, ray_sandbox)
     counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
     with _progress() as progress:
         bar = progress.add_task("evaluating", total=len(preds), status="")
@@ -702,6 +715,8 @@ def serve(
         "--command-timeout", min=1, help="Deadline of one bash command (s).")] = 120,
     output_limit: Annotated[int, typer.Option(
         "--output-limit", min=256, help="Characters of command output kept per step.")] = 16_000,
+    ray_address: RayAddressOpt = None,
+    ray_sandbox: RaySandboxOpt = "local",
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""
@@ -720,6 +735,8 @@ def serve(
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
                    "output_limit": output_limit}
+    if backend == "ray" or ray_address:
+        env_options["sandbox_options"] = backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox)
     try:
         api = create_app(tasks=_load(tasks), backend=backend, max_sessions=max_sessions, token=token or None,
                          idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options,

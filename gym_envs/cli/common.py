@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -15,6 +15,40 @@ console = Console(stderr=True)  # progress, warnings and errors
 out = Console()  # results
 
 TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
+
+
+RayAddressOpt = Annotated[str | None, typer.Option(
+    "--ray-address", help="--backend ray: the Ray cluster (host:port or ray://...) whose nodes host the sandboxes "
+                          "(default: $RAY_ADDRESS, else a private one-node cluster on this host).")]
+RaySandboxOpt = Annotated[str, typer.Option(
+    "--ray-sandbox", help="--backend ray: the sandbox each node runs, local or docker.")]
+
+
+def backend_options(backend: str, isolation: str = "auto", ray_address: str | None = None,
+                    ray_sandbox: str = "local") -> dict[str, Any]:
+    """The sandbox options the command line's flags give ``backend``.
+
+    For ``ray`` this connects to the cluster at once, so that a wrong address or a cluster without
+    sandbox capacity fails before any work starts rather than on the first task.
+    """
+    if backend != "ray":
+        if ray_address:
+            fail("--ray-address needs --backend ray")
+        return {"isolation": isolation} if backend == "local" else {}
+    from sandboxes.ray_cluster import RayUnavailableError, ensure_connected, sandbox_capacity
+
+    if ray_sandbox not in ("local", "docker"):
+        fail(f"--ray-sandbox must be local or docker, not {ray_sandbox!r}")
+    try:
+        ensure_connected(ray_address)
+        slots, nodes = sandbox_capacity()
+    except RayUnavailableError as exc:
+        fail(str(exc))
+    if slots < 1:
+        fail("no node of the Ray cluster declares the resource patchgym_sandbox; start its nodes with "
+             "ray start ... --resources '{\"patchgym_sandbox\": N}' (docs/ray.md)")
+    console.print(f"ray: {slots:g} sandbox slot(s) on {nodes} node(s)", highlight=False)
+    return {"inner": ray_sandbox, **({"isolation": isolation} if ray_sandbox == "local" else {})}
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

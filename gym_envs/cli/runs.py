@@ -11,7 +11,16 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
+from gym_envs.cli.common import (
+    RayAddressOpt,
+    RaySandboxOpt,
+    TasksOpt,
+    backend_options,
+    console,
+    fail,
+    load_selection,
+    out,
+)
 from gym_envs.rollouts.loop import TOOL_MODES
 from tasks.backends import BACKENDS
 
@@ -48,6 +57,8 @@ def run_cmd(
     price_in: Annotated[float, typer.Option("--price-in", min=0, help="Dollars per million input tokens.")] = 0.0,
     price_out: Annotated[float, typer.Option("--price-out", min=0, help="Dollars per million output tokens.")] = 0.0,
     backend: Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")] = "local",
+    ray_address: RayAddressOpt = None,
+    ray_sandbox: RaySandboxOpt = "local",
 ) -> None:
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
@@ -69,6 +80,8 @@ def run_cmd(
                          max_tokens=max_tokens, timeout=model_timeout, retries=retries)
     options = RunOptions(output=output, workers=workers, max_turns=max_turns, max_steps=max_steps,
                          time_limit=time_limit, tool_mode=tool_mode, backend=backend,
+                         env_options={"sandbox_options": backend_options(backend, ray_address=ray_address,
+                                                                         ray_sandbox=ray_sandbox)},
                          input_per_mtok=price_in, output_per_mtok=price_out)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:

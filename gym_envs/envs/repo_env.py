@@ -151,6 +151,9 @@ class RepoEnv(gym.Env[str, Any]):
             "test_command": self.task.test_spec.command,
             "infrastructure_failure": self._start_error is not None,
         }
+        placement = getattr(self.sandbox, "placement", None)
+        if placement and self._start_error is None:
+            info["placement"] = dict(placement)  # ray backend: the node, and this sandbox's warm-up
         return fit_observation(observation), info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:

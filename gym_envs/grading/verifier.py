@@ -57,6 +57,8 @@ class InstanceReport(BaseModel):
     tampering_reason: str | None = None
     missing_tests: list[str] = Field(default_factory=list)
     duration_seconds: float = 0.0
+    placement: dict[str, Any] | None = Field(
+        None, description="where the grading sandbox ran (ray backend: node, warm-up, first on its node)")
     test_output: str = Field("", exclude=True, description="the test run's log (written apart from the report)")
     error: str | None = None
 
@@ -89,6 +91,8 @@ class Verifier:
         sandbox: Sandbox | None = None
         try:
             sandbox = self.factory(task)
+            placement = getattr(sandbox, "placement", None)
+            report.placement = dict(placement) if placement else None
             self._grade_in(sandbox, task, patch or "", report)
         except SandboxError as exc:
             report.infrastructure_failure = True

@@ -1,0 +1,274 @@
+"""The ray backend on a two-node cluster (fixture ``cluster``, tests/ray_cluster/conftest.py): where
+sandboxes land, grading, shipping repositories, and what happens when an actor, a driver or a node
+dies. Runs only inside tests/test_ray_backend.py's loopback-only network namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import ray
+
+from gym_envs.envs.repo_env import RepoEnv
+from gym_envs.grading.verifier import Verifier
+from sandboxes import SandboxClosedError, SandboxError
+from sandboxes.ray_cluster import RaySandbox, RayUnavailableError
+from sandboxes.ray_cluster.host import shipped_dir
+from server.app import create_app
+from tasks.backends import make_sandbox, sandbox_factory, sandbox_spec
+from tests.ray_cluster.helpers import SLOTS_PER_NODE, commands_of, processes_with
+from tests.serving import serve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(check, timeout: float, what) -> None:
+    """Poll ``check``; fail after ``timeout`` with ``what`` (a text, or a callable made at failure)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what() if callable(what) else what}")
+        time.sleep(0.2)
+
+
+def gone(placement: dict) -> bool:
+    """The sandbox's actor process and its directory on the node are both gone."""
+    return not Path(f"/proc/{placement['pid']}").exists() and not Path(placement["sandbox_root"]).exists()
+
+
+def node_ids(cluster) -> set[str]:
+    return {n.node_id for n in cluster.list_all_nodes()}
+
+
+def test_sandboxes_spread_over_both_nodes_and_go_with_close(cluster, task):
+    sandboxes = [make_sandbox(task, "ray") for _ in range(4)]
+    try:
+        placements = [s.placement for s in sandboxes]
+        assert {p["node_id"] for p in placements} == node_ids(cluster), placements
+        assert all(p["backend"] == "ray/local" and p["warmup_seconds"] > 0 for p in placements)
+        first, second = sandboxes[0], sandboxes[1]
+        assert first.workdir == "/testbed"
+        first.write_file("notes.txt", "only in the first")
+        assert first.exec("cat notes.txt").output == "only in the first"
+        assert second.exec("cat notes.txt").exit_code != 0  # workspaces are separate
+        assert "notes.txt" in first.diff()
+        first.reset()
+        assert first.diff() == "" and first.exec("test -e notes.txt").exit_code == 1
+        result = first.exec("sleep 5", timeout=1)
+        assert result.timed_out and result.duration < 4
+        with pytest.raises(FileNotFoundError):
+            first.read_file("no/such/file")
+    finally:
+        for s in sandboxes:
+            s.close()
+    for p in placements:
+        wait_until(lambda p=p: gone(p), 30, f"actor {p['pid']} and {p['sandbox_root']} removed by close")
+    with pytest.raises(SandboxClosedError):
+        sandboxes[0].exec("true")
+    sandboxes[0].close()  # idempotent
+
+
+def test_the_first_sandbox_of_an_environment_on_a_node_reports_its_warm_up(cluster, task_set):
+    task = task_set.get("patchgym__textable-2")
+    on_each = []
+    for node in cluster.list_all_nodes():
+        pin = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+        pair = [make_sandbox(task, "ray", scheduling_strategy=pin) for _ in range(2)]
+        on_each.append([s.placement for s in pair])
+        for s in pair:
+            s.close()
+    for first, later in on_each:
+        assert first["node_id"] == later["node_id"]
+        assert first["first_on_node"] and not later["first_on_node"], on_each
+
+
+def test_gold_resolves_through_the_verifier_and_the_report_says_where(cluster, task_set):
+    verifier = Verifier(sandbox_factory("ray"))
+    task = task_set.get("patchgym__dotenvkit-1")
+    report = verifier.verify(task, task.patch)
+    assert report.resolved and report.reward == 1.0, report
+    assert report.placement["node_id"] in node_ids(cluster)
+    assert not verifier.verify(task, "", run_empty=True).resolved
+
+
+def test_repository_shipped_through_the_object_store_and_hidden_from_commands(cluster, task):
+    s = make_sandbox(task, "ray", ship="always")
+    try:
+        assert s.placement["repository"] == "shipped", s.placement
+        history = s.exec("git log --format=%H").output.split()
+        with make_sandbox(task, "ray") as by_path:  # the same history as from the driver's path: no later commit
+            assert history[0] == task.base_commit and history == by_path.exec("git log --format=%H").output.split()
+        kept = list(shipped_dir().glob("*.bundle"))
+        assert kept, "the node keeps what it was sent"
+        # kept among the node's mirrors, which commands cannot read (they hold the whole history)
+        assert ".bundle" not in s.exec(f"ls -A {shipped_dir()} 2>&1").output
+        assert s.exec(f"cat {kept[0]} >/dev/null").exit_code != 0
+    finally:
+        s.close()
+
+
+def test_a_cluster_without_sandbox_capacity_is_a_clear_error_not_a_hang(cluster, task):
+    start = time.monotonic()
+    with pytest.raises(RayUnavailableError, match="patchgym_nowhere"):
+        RaySandbox(sandbox_spec(task), resource="patchgym_nowhere")
+    assert time.monotonic() - start < 10
+
+
+def test_a_full_cluster_waits_then_fails_cleanly(cluster, task):
+    total = SLOTS_PER_NODE * 2
+    held = [make_sandbox(task, "ray") for _ in range(total)]
+    try:
+        start = time.monotonic()
+        with pytest.raises(SandboxError, match="did not answer starting the sandbox"):
+            make_sandbox(task, "ray", start_timeout=3)
+        assert time.monotonic() - start < 15
+    finally:
+        for s in held:
+            s.close()
+    s = make_sandbox(task, "ray", start_timeout=60)  # the slots are free again
+    s.close()
+
+
+def test_a_killed_actor_is_an_infrastructure_failure_and_its_guard_cleans_up(cluster, task):
+    s = make_sandbox(task, "ray")
+    marker = "301.25"
+    outcome = {}
+
+    def run():
+        start = time.monotonic()
+        try:
+            s.exec(f"sleep {marker}", timeout=600)
+        except SandboxError as exc:
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: processes_with(marker), 20, "the command started")
+    ray.kill(s._actor, no_restart=True)  # no close: the actor gets no chance to clean up
+    thread.join(60)
+    assert isinstance(outcome.get("error"), SandboxError) and outcome["seconds"] < 30, outcome
+    with pytest.raises(SandboxError, match="lost"):  # every later call fails the same way
+        s.exec("true")
+    wait_until(lambda: gone(s.placement) and not processes_with(marker), 60,
+               "the guard removed the sandbox and killed its command")
+    s.close()
+
+
+DRIVER = textwrap.dedent("""
+    import json, sys, threading, time
+    import ray
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    from tasks.backends import make_sandbox
+    from tasks.catalog import load_task_set
+    task = load_task_set().get("patchgym__semverkit-1")
+    boxes = [make_sandbox(task, "ray") for _ in range(2)]
+    for box in boxes:
+        threading.Thread(target=box.exec, args=("sleep 302.75",), kwargs={"timeout": 600}, daemon=True).start()
+    print(json.dumps([b.placement for b in boxes]), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_killed_driver_takes_its_actors_and_sandboxes_with_it(cluster):
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, cluster.address], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        placements = json.loads(driver.stdout.readline())
+        wait_until(lambda: len(processes_with("302.75")) >= 2, 20, "both commands started")
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    assert len(placements) == 2
+    for p in placements:
+        wait_until(lambda p=p: gone(p), 60, f"actor {p['pid']} and its sandbox gone after the driver's death")
+    wait_until(lambda: not processes_with("302.75"), 30,
+               lambda: f"the commands of the dead driver's sandboxes killed: {commands_of(processes_with('302.75'))}")
+
+
+def test_repo_env_and_server_run_episodes_on_ray(cluster, task_set):
+    task = task_set.get("patchgym__semverkit-2")
+    env = RepoEnv(task_set, backend="ray")
+    try:
+        _, info = env.reset(options={"task_id": task.instance_id})
+        assert info["placement"]["node_id"] in node_ids(cluster) and not info["infrastructure_failure"]
+        env.sandbox.write_file("gold.diff", task.patch)
+        env.step({"name": "bash", "arguments": {"command": "git apply gold.diff && rm gold.diff"}})
+        _, reward, terminated, _, info = env.step({"name": "submit", "arguments": {}})
+        assert terminated and reward == 1.0, info
+    finally:
+        env.close()
+    app = create_app(tasks=None, backend="ray", max_sessions=2)
+    with serve(app) as url, httpx.Client(base_url=url, timeout=120) as http:
+        r = http.post("/v1/sessions", json={"task_id": task.instance_id})
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        r = http.post(f"/v1/sessions/{sid}/step", json={"action": {"name": "submit", "arguments": {}}}).json()
+        assert r["terminated"] and r["reward"] == 0.0 and not r["info"].get("infrastructure_failure"), r
+        assert http.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_eval_cli_resolves_every_bundled_task_with_sandboxes_on_both_nodes(cluster, task_set, tmp_path):
+    out = tmp_path / "gold"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gym_envs.cli", "eval", "--backend", "ray", "--ray-address", cluster.address,
+         "--predictions", "gold", "--workers", "4", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sandbox slot(s) on 2 node(s)" in proc.stderr
+    summary = json.loads((out / "report.json").read_text())
+    assert summary["resolved_instances"] == len(task_set) == summary["total_instances"], summary
+    nodes = {json.loads((out / i / "report.json").read_text())[i]["placement"]["node_id"] for i in task_set.ids}
+    assert nodes == node_ids(cluster)
+
+
+def test_eval_cli_refuses_an_unreachable_cluster_quickly():
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "gym_envs.cli", "eval", "--backend", "ray", "--ray-address", "127.0.0.1:9",
+         "--predictions", "gold", "--instance-ids", "patchgym__semverkit-1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2 and "cannot connect to Ray at 127.0.0.1:9" in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 120
+
+
+def test_a_node_killed_mid_episode_masks_the_episode_without_a_hang(cluster, task_set):
+    """Last: it changes the cluster (a third node is added, then killed)."""
+    victim = cluster.add_node(num_cpus=1, resources={"patchgym_sandbox": 1}, node_ip_address="127.0.0.1")
+    cluster.wait_for_nodes()
+    pin = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(victim.node_id, soft=False)
+    env = RepoEnv(task_set, backend="ray", sandbox_options={"scheduling_strategy": pin})
+    marker = "303.5"
+    try:
+        _, info = env.reset(options={"task_id": "patchgym__textable-1"})
+        placement = info["placement"]
+        assert placement["node_id"] == victim.node_id
+        result = {}
+
+        def step():
+            start = time.monotonic()
+            result["step"] = env.step({"name": "bash", "arguments": {"command": f"sleep {marker}"}})
+            result["seconds"] = time.monotonic() - start
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        wait_until(lambda: processes_with(marker), 20, "the command started")
+        cluster.remove_node(victim)
+        thread.join(90)
+        assert not thread.is_alive(), "the step hung after its node died"
+        _, reward, terminated, truncated, info = result["step"]
+        assert terminated and reward == 0.0 and info["infrastructure_failure"], info
+        assert "lost" in info["infrastructure_failure_reason"] and result["seconds"] < 60, info
+    finally:
+        env.close()
+    wait_until(lambda: gone(placement) and not processes_with(marker), 60,
+               "what the dead node's sandbox left on this machine was removed")
