@@ -110,6 +110,8 @@ def _probe(executable: str) -> Interpreter | None:
             "dirs=site.getsitepackages()+[site.getusersitepackages()]"
             "+[sysconfig.get_path(k, vars=base) for k in ('purelib', 'platlib')];"
             "print(json.dumps([sys.version.split()[0], sys.base_prefix, sorted(set(dirs))]))")
+    if executable == sys.executable:
+        return _probe_self()  # the same facts without two interpreter starts (~0.25 s per process)
     try:
         proc = subprocess.run([executable, "-c", code], capture_output=True, text=True, timeout=20)
         version, base_prefix, site_dirs = json.loads(proc.stdout)
@@ -121,6 +123,21 @@ def _probe(executable: str) -> Interpreter | None:
         return None
     return Interpreter(os.path.realpath(executable), version, os.path.realpath(base_prefix),
                        tuple(os.path.realpath(d) for d in site_dirs))
+
+
+def _probe_self() -> Interpreter | None:
+    """:func:`_probe` of the running interpreter, read in this process."""
+    import importlib.util
+    import site
+    import sysconfig
+
+    if importlib.util.find_spec("venv") is None or importlib.util.find_spec("ensurepip") is None:
+        return None
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    dirs = site.getsitepackages() + [site.getusersitepackages()]
+    dirs += [sysconfig.get_path(k, vars=base) for k in ("purelib", "platlib")]
+    return Interpreter(os.path.realpath(sys.executable), sys.version.split()[0], os.path.realpath(sys.base_prefix),
+                       tuple(os.path.realpath(d) for d in sorted(set(dirs))))
 
 
 def find_interpreter(spec: EnvironmentSpec) -> Interpreter:

@@ -9,7 +9,6 @@ are covered with empty tmpfs mounts when they fall under a mounted directory.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
@@ -66,17 +65,62 @@ def _probe_bwrap() -> str | None:
 
 @lru_cache(maxsize=1)
 def sandbox_etc() -> Path:
-    """A copy of the allowed ``/etc`` entries, mounted as ``/etc`` in one bind.
+    """A copy of the allowed ``/etc`` entries, mounted read-only as ``/etc`` in one bind.
 
-    One mount instead of thirty halves the cost of starting a sandboxed command; the copy is made
-    once per process so that host changes (a new CA bundle) are picked up on the next start.
+    One mount instead of thirty halves the cost of starting a sandboxed command. The copy is shared
+    by every process of this host and keyed by what it copies (each entry's name, type, size, mtime
+    and link target), so a host change (a new CA bundle) makes a new copy on the next process start.
+    Making it costs about a second (hundreds of CA symlinks): once per host state, not once per
+    process, which matters where every sandbox is a new process (the ray backend's actors).
     """
+    from .locks import file_lock
     from .paths import cache_dir
-    from .reaper import owned_name
 
-    target = cache_dir("etc") / owned_name(os.urandom(4).hex())
+    root = cache_dir("etc-shared")
+    key = _etc_key()
+    target = root / key
+    if target.is_dir():
+        return target
+    with file_lock(root / f"{key}.lock"):
+        if not target.is_dir():
+            tmp = root / f".{key}.{os.getpid()}.{os.urandom(4).hex()}"
+            try:
+                _copy_etc(tmp)
+                tmp.rename(target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _etc_entries() -> list[Path]:
+    """Every path :func:`_copy_etc` copies (links not followed, ``private`` directories left out)."""
+    paths = []
+    for entry in ETC_ENTRIES:
+        src = Path("/etc") / entry
+        paths.append(src)
+        if src.is_dir() and not src.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(src):
+                dirnames[:] = [d for d in dirnames if d != "private"]
+                paths += [Path(dirpath) / n for n in sorted(dirnames + filenames)]
+    return paths
+
+
+def _etc_key() -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in _etc_entries():
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        link = os.readlink(path) if path.is_symlink() else ""
+        digest.update(f"{path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{link}\n".encode())
+    return digest.hexdigest()[:20]
+
+
+def _copy_etc(target: Path) -> None:
     target.mkdir(parents=True)
-    atexit.register(shutil.rmtree, target, True)
     for entry in ETC_ENTRIES:
         src = Path("/etc") / entry
         dst = target / entry
@@ -87,7 +131,6 @@ def sandbox_etc() -> Path:
                 shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("private"))
         except OSError as exc:
             log.debug("not copying %s into the sandbox /etc: %s", src, exc)
-    return target
 
 
 def _system_binds() -> list[str]:

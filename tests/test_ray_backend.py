@@ -33,8 +33,9 @@ def _missing() -> str | None:
         return "ray is not installed (pip install 'patchgym[ray]')"
     if os.geteuid() != 0:
         return "network namespaces need root"
-    if not shutil.which("ip"):
-        return "iproute2 (ip) is not installed"
+    for tool, package in (("ip", "iproute2"), ("nsenter", "util-linux")):
+        if not shutil.which(tool):
+            return f"{package} ({tool}) is not installed"
     return None
 
 
