@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ class RaySandbox:
                 f"no live node of the Ray cluster declares the resource {resource!r}, so no sandbox can be "
                 f"placed; start nodes with: ray start ... --resources '{{\"{resource}\": N}}'")
         actor_class = _actor_class(self._ray)
+        started = time.monotonic()
         try:
             self._actor = actor_class.options(
                 resources={resource: 1}, num_cpus=num_cpus, scheduling_strategy=scheduling_strategy,
@@ -92,6 +94,8 @@ class RaySandbox:
             self.close()
             raise
         self.workdir: str = self.placement.pop("workdir")
+        # the whole start as the driver saw it: waiting for a slot, the actor's process, then warm-up
+        self.placement["start_seconds"] = round(time.monotonic() - started, 3)
         self.id = f"ray-{self.placement.get('sandbox_id')}"
 
     # -- protocol -------------------------------------------------------------------------
