@@ -1,4 +1,4 @@
-"""What the ray cluster tests share (conftest.py cannot be imported by name: tests/ has one too)."""
+"""What the ray cluster tests share: finding the processes a test command left running."""
 
 from __future__ import annotations
 
