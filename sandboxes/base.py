@@ -8,12 +8,14 @@ it only calls the methods of :class:`Sandbox`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from .files import PathOutsideWorkspaceError
 
-__all__ = ["EnvironmentBuildError", "ExecResult", "PathOutsideWorkspaceError", "Sandbox", "SandboxClosedError",
-           "SandboxError", "WorkspaceError"]
+__all__ = ["ClosesItself", "EnvironmentBuildError", "ExecResult", "PathOutsideWorkspaceError", "Sandbox",
+           "SandboxClosedError", "SandboxError", "WorkspaceError"]
+
+_Self = TypeVar("_Self", bound="ClosesItself")
 
 
 @dataclass(frozen=True)
@@ -108,3 +110,23 @@ class Sandbox(Protocol):
     def close(self) -> None:
         """Free everything the sandbox holds. Idempotent."""
         ...
+
+
+class ClosesItself:
+    """What every backend shares around its ``close()``: a context manager, and a finalizer as the
+    last resort (``close()`` is the contract; a sandbox dropped without it still frees what it holds)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .base import ExecResult, SandboxClosedError, SandboxError
+from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
 from .files import read_regular, resolve_in_workspace, write_regular
 from .gitops import Pristine, workspace_diff
@@ -54,7 +54,7 @@ class SandboxSpec:
     hidden_paths: tuple[str, ...] = ()
 
 
-class LocalSandbox:
+class LocalSandbox(ClosesItself):
     """A :class:`~sandboxes.base.Sandbox` on this host.
 
     ``isolation`` is ``"auto"`` (bubblewrap when it works here, plain processes otherwise),
@@ -193,18 +193,6 @@ class LocalSandbox:
             if self._group is not None:
                 self._group.destroy()
             remove_tree(self.root)
-
-    def __enter__(self) -> LocalSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # last resort; close() is the contract
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # -- internals ------------------------------------------------------------------------
 

@@ -35,18 +35,15 @@ def backend_options(backend: str, isolation: str = "auto", ray_address: str | No
         if ray_address:
             fail("--ray-address needs --backend ray")
         return {"isolation": isolation} if backend == "local" else {}
-    from sandboxes.ray_cluster import RayUnavailableError, ensure_connected, sandbox_capacity
+    from sandboxes.ray_cluster import RayUnavailableError, ensure_connected, require_capacity
 
     if ray_sandbox not in ("local", "docker"):
         fail(f"--ray-sandbox must be local or docker, not {ray_sandbox!r}")
     try:
         ensure_connected(ray_address)
-        slots, nodes = sandbox_capacity()
+        slots, nodes = require_capacity()
     except RayUnavailableError as exc:
         fail(str(exc))
-    if slots < 1:
-        fail("no node of the Ray cluster declares the resource patchgym_sandbox; start its nodes with "
-             "ray start ... --resources '{\"patchgym_sandbox\": N}' (docs/ray.md)")
     console.print(f"ray: {slots:g} sandbox slot(s) on {nodes} node(s)", highlight=False)
     return {"inner": ray_sandbox, **({"isolation": isolation} if ray_sandbox == "local" else {})}
 

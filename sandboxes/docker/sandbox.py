@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
-from ..base import ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError, WorkspaceError
+from ..base import ClosesItself, ExecResult, PathOutsideWorkspaceError, SandboxClosedError, SandboxError, WorkspaceError
 from ..gitops import DIFF_LIMIT
 from ..limits import ResourceLimits
 from ..local import SandboxSpec
@@ -180,7 +180,7 @@ class WarmPool:
             _remove(container)
 
 
-class DockerSandbox:
+class DockerSandbox(ClosesItself):
     """A :class:`~sandboxes.base.Sandbox` in a Docker container (workspace at ``/testbed``)."""
 
     workdir = WORKDIR
@@ -254,18 +254,6 @@ class DockerSandbox:
             self._closed = True
             self._conn.close()
             _removals.submit(_remove, self.container)
-
-    def __enter__(self) -> DockerSandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def _check_path(self, path: str) -> None:
         if path.startswith("/") and path != WORKDIR and not path.startswith(WORKDIR + "/"):

@@ -94,3 +94,14 @@ def sandbox_capacity(resource: str = RESOURCE) -> tuple[float, int]:
             total += node["Resources"][resource]
             nodes += 1
     return total, nodes
+
+
+def require_capacity(resource: str = RESOURCE) -> tuple[float, int]:
+    """:func:`sandbox_capacity`, refused with the fix when no live node declares ``resource``: Ray
+    would otherwise keep a sandbox's actor pending for ever."""
+    slots, nodes = sandbox_capacity(resource)
+    if slots < 1:
+        raise RayUnavailableError(
+            f"no live node of the Ray cluster declares the resource {resource!r}, so no sandbox can be "
+            f"placed; start nodes with: ray start ... --resources '{{\"{resource}\": N}}' (docs/ray.md)")
+    return slots, nodes

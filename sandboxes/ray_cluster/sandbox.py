@@ -17,25 +17,25 @@ import os
 import tempfile
 import threading
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..base import ExecResult, SandboxClosedError, SandboxError
+from ..base import ClosesItself, ExecResult, SandboxClosedError, SandboxError
 from ..limits import ResourceLimits
 from ..local import SandboxSpec
 from ..repos import git
-from .connect import RESOURCE, RayUnavailableError, ensure_connected, sandbox_capacity
+from .connect import RESOURCE, ensure_connected, require_capacity
 from .host import INNER_BACKENDS, NEED_REPO, SandboxHost, is_local_path
 
 log = logging.getLogger(__name__)
 
 SHIP_MODES = ("auto", "always", "never")
-_actor_classes: dict[str, Any] = {}
 _bundles: dict[tuple[str, float], tuple[str, Any]] = {}
 _bundles_lock = threading.Lock()
 
 
-class RaySandbox:
+class RaySandbox(ClosesItself):
     """A sandbox hosted by a Ray actor (``inner``: ``local`` or ``docker`` on the node).
 
     ``address`` joins a cluster when this process is not connected yet (see
@@ -76,11 +76,7 @@ class RaySandbox:
         self._actor: Any = None
         self.placement: dict[str, Any] = {}
         self._ray = ensure_connected(address, resource=resource)
-        capacity, nodes = sandbox_capacity(resource)
-        if capacity < 1:
-            raise RayUnavailableError(
-                f"no live node of the Ray cluster declares the resource {resource!r}, so no sandbox can be "
-                f"placed; start nodes with: ray start ... --resources '{{\"{resource}\": N}}'")
+        require_capacity(resource)
         actor_class = _actor_class(self._ray)
         started = time.monotonic()
         try:
@@ -137,18 +133,6 @@ class RaySandbox:
             except Exception:
                 pass
 
-    def __enter__(self) -> RaySandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # last resort; close() is the contract
-        try:
-            self.close()
-        except Exception:
-            pass
-
     # -- internals ------------------------------------------------------------------------
 
     def _open(self, inner: str, spec: SandboxSpec, limits: ResourceLimits | None, options: dict[str, Any],
@@ -201,11 +185,10 @@ class RaySandbox:
         raise SandboxError(reason)
 
 
+@lru_cache(maxsize=1)
 def _actor_class(ray: Any) -> Any:
     """SandboxHost as a Ray actor class (made once)."""
-    if "host" not in _actor_classes:
-        _actor_classes["host"] = ray.remote(SandboxHost)
-    return _actor_classes["host"]
+    return ray.remote(SandboxHost)
 
 
 def _bundle_of(ray: Any, source: str) -> tuple[str, Any]:
