@@ -96,6 +96,9 @@ def test_unknown_ids_backend_and_task_files_are_clear_errors(calc_tasks_file, tm
     assert result.exit_code == 2 and "unknown instance id 'nope'" in result.output
     result = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--backend", "cloud")
     assert result.exit_code == 2 and "unknown backend 'cloud'" in result.output
+    # error text is printed as it is, never read as rich markup (test ids, pip extras: "x[param]")
+    result = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--instance-ids", "test_x[ray]")
+    assert result.exit_code == 2 and "unknown instance id 'test_x[ray]'" in result.output, result.output
     result = run("tasks", "list", "--tasks", str(tmp_path / "missing.jsonl"))
     assert result.exit_code == 2 and "no such task file" in result.output
     bad = tmp_path / "bad.jsonl"

@@ -7,6 +7,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tasks.catalog import TaskSet, UnknownTaskError, load_task_set
 from tasks.model import TaskFileError
@@ -49,8 +50,9 @@ def backend_options(backend: str, isolation: str = "auto", ray_address: str | No
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print a red ``error:`` line and exit (2: the user's input was wrong)."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print a red ``error:`` line and exit (2: the user's input was wrong). ``message`` is plain
+    text: brackets in it (test ids, pip extras) are printed, not read as rich markup."""
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
