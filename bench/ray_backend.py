@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,18 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gym_envs.grading.verifier import Verifier  # noqa: E402
 from tasks.backends import make_sandbox, sandbox_factory  # noqa: E402
 from tasks.catalog import load_task_set  # noqa: E402
-
-
-def loopback_only() -> bool:
-    return sorted(name for _, name in socket.if_nameindex()) == ["lo"]
-
-
-def prebuild() -> None:
-    built = set()
-    for task in load_task_set():
-        if task.environment.to_spec() not in built:
-            make_sandbox(task, "local").close()
-            built.add(task.environment.to_spec())
+from tests.ray_cluster.helpers import build_environments, interfaces  # noqa: E402
 
 
 def episodes_per_minute(factory, episodes: int, workers: int) -> tuple[float, list[dict]]:
@@ -122,8 +110,8 @@ def main() -> int:
     parser.add_argument("--execs", type=int, default=60)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not loopback_only():
-        prebuild()
+    if interfaces() != ["lo"]:
+        build_environments()
         inner = f"ip link set lo up && exec {sys.executable} {' '.join(map(str, sys.argv))}"
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         return subprocess.run(["unshare", "--net", "sh", "-c", inner], env=env).returncode

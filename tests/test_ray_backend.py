@@ -19,9 +19,8 @@ import pytest
 
 from sandboxes import SandboxError
 from sandboxes.ray_cluster import host
-from tasks.backends import make_sandbox
-from tasks.catalog import load_task_set
 from tests.netns import Netns
+from tests.ray_cluster.helpers import build_environments
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,11 +47,7 @@ def test_cluster_tests_in_a_loopback_only_namespace(tmp_path):
     # The namespace has no network: the bundled tasks' environments are built here first, into the
     # home the cluster's nodes then share with this session.
     home = os.environ["PATCHGYM_HOME"]
-    built = set()
-    for task in load_task_set():
-        if task.environment.to_spec() not in built:
-            make_sandbox(task, "local").close()
-            built.add(task.environment.to_spec())
+    build_environments()
     log = tmp_path / "cluster-tests.log"
     with Netns("pg-ray") as ns, log.open("w") as sink:
         env = {**os.environ, "PATCHGYM_IN_NETNS": ns.name, "PATCHGYM_TEST_HOME": home, "RAY_USAGE_STATS_ENABLED": "0"}

@@ -1,4 +1,5 @@
-"""What the ray cluster tests share: finding the processes a test command left running."""
+"""What the ray cluster tests (and bench/ray_backend.py) share: the bundled environments built before
+entering a namespace without network, and finding the processes a test command left running."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ import os
 from pathlib import Path
 
 SLOTS_PER_NODE = 3
+
+
+def interfaces() -> list[str]:
+    """The network interfaces of this process's network namespace (["lo"]: loopback only)."""
+    import socket
+
+    return sorted(name for _, name in socket.if_nameindex())
 
 
 def processes_with(marker: str) -> list[int]:
@@ -30,3 +38,16 @@ def commands_of(pids: list[int]) -> list[str]:
         except OSError:
             out.append(f"{pid}: gone")
     return out
+
+
+def build_environments() -> None:
+    """Build each bundled environment once (on a throw-away local sandbox), while there is a network:
+    the cluster's nodes then find them in the cache they share with this process."""
+    from tasks.backends import make_sandbox
+    from tasks.catalog import load_task_set
+
+    built = set()
+    for task in load_task_set():
+        if task.environment.to_spec() not in built:
+            make_sandbox(task, "local").close()
+            built.add(task.environment.to_spec())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,14 +27,14 @@ from sandboxes.ray_cluster.host import shipped_dir
 from server.app import create_app
 from tasks.backends import make_sandbox, sandbox_factory, sandbox_spec
 from tasks.catalog import load_task_set
-from tests.ray_cluster.helpers import SLOTS_PER_NODE, commands_of, processes_with
+from tests.ray_cluster.helpers import SLOTS_PER_NODE, commands_of, interfaces, processes_with
 from tests.serving import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
 NODE = {"num_cpus": 1, "resources": {"patchgym_sandbox": SLOTS_PER_NODE}, "node_ip_address": "127.0.0.1",
         "object_store_memory": 150 * 1024 * 1024}
-_INTERFACES = sorted(name for _, name in socket.if_nameindex())  # of this network namespace
+_INTERFACES = interfaces()
 # (No conftest.py here: tests/ has one, and other test modules import it by the name "conftest".)
 pytestmark = pytest.mark.skipif(
     not os.environ.get("PATCHGYM_IN_NETNS") or _INTERFACES != ["lo"],
