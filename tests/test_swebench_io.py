@@ -326,7 +326,7 @@ def test_run_tests_pytest_command_goes_through_the_runtime():
     asked = ["tests/a.py::test_x", "tests/b.py::test y"]
     assert [i for i in ids if i in asked] == asked, "each id once, in order"
     canaries = [i for i in ids if i not in asked]
-    assert len(canaries) == 2, "two canaries interleaved with the ids"
+    assert 4 <= len(canaries) <= 9, "1-3 must-pass and 3-6 must-fail canaries interleaved with the ids"
     module = sandbox.written["tests/a.py"].decode()
     assert all(c.startswith("tests/a.py::") and c.split("::")[1] in module for c in canaries)
     assert any(path.endswith("/bootstrap.py") for path in sandbox.written)

@@ -9,10 +9,18 @@ It cannot do so *quietly* here:
   and the reporter's record must be complete: ``start``, every test phase once, ``finish``, and an
   ``exit`` status equal to the process's. A runner ended early, a test reported twice, or a file
   that is not a regular file cannot pass.
-* **Canaries.** Two tests with random names, appended to a hidden test module just before the
-  run: one must pass and one must fail. Forcing every outcome to "passed" passes the failing canary;
-  failing the whole run fails the passing one. Code under test would have to tell canaries from
-  the hidden tests, whose names it has never seen.
+* **What the test raised.** The reporter also watches each test phase from the innermost hook
+  wrapper around pytest's own ``pytest_runtest_setup/call/teardown``, so it sees whether the phase
+  raised before any report exists, and whether the test function raised inside pytest's own
+  ``pytest_pyfunc_call``. A report that says "passed" for a phase that raised was rewritten (a
+  forced-pass plugin, a patched ``TestReport``) or had its failure swallowed (a hook wrapper),
+  whichever tests it picks; a test function called by a plugin of the repository's code instead
+  of pytest, or an item whose ``runtest`` was replaced, ran under the forger's control.
+* **Canaries.** Several tests with random names, appended to a hidden test module just before the
+  run and placed at random among the requested ids: 1-3 must pass and 3-6 must fail (the counts
+  are random too). Forcing every outcome to "passed" passes a failing canary; failing the whole
+  run fails a passing one; sparing a guessed few (the last ids, say) spares not all of them. Code
+  under test would have to tell canaries from the hidden tests, whose names it has never seen.
 
 Whatever fails these checks is ``tampering`` (reward 0, never an infrastructure failure). What a
 forger can still do is written down in ``docs/grading.md``.
@@ -38,16 +46,17 @@ _WORDS = ("parse", "render", "value", "range", "width", "table", "entry", "token
 
 @dataclass(frozen=True)
 class Canaries:
-    """One test that must pass and one that must fail, with random names, appended to ``path``."""
+    """Tests with random names appended to ``path``: those in ``must_pass`` must pass and those
+    in ``must_fail`` must fail."""
 
     path: str
-    must_pass: str
-    must_fail: str
+    must_pass: tuple[str, ...]
+    must_fail: tuple[str, ...]
     source: str
 
     @property
     def ids(self) -> list[str]:
-        return [self.must_pass, self.must_fail]
+        return [*self.must_pass, *self.must_fail]
 
     def written_into(self, existing: bytes | None) -> bytes:
         """The file's new content: its own (the hidden tests), then the canaries."""
@@ -79,15 +88,34 @@ def imported_names(source: bytes | None) -> list[str]:
 
 def make_canaries(path: str, module_source: bytes | None = None) -> Canaries:
     """Canaries to append to ``path`` (:func:`canary_path`), whose content is ``module_source``.
-    Both use the names the module imports,
-    as its tests do, so "spare whatever does not touch the code under test" spares no canary."""
-    passing, failing = _name(), _name()
-    a, b = secrets.randbelow(900) + 100, secrets.randbelow(900) + 100
+
+    There are several of each kind, in random numbers, so that a forger that spares a few tests
+    (a guess at which are canaries) or flips a few failures to passes (a guess at which are the
+    hidden tests) is caught unless it guesses every must-fail canary. Each body is a random sum,
+    product or difference, right or wrong, so the operator does not tell the kinds apart; each
+    uses the names the module imports, as its tests do, so "spare whatever does not touch the
+    code under test" spares no canary."""
     used = imported_names(module_source)
-    touch = f"    assert ({', '.join(used)},)\n" if used else ""
-    source = (f"def {passing}():\n{touch}    assert {a} * {b} == {a * b}\n\n\n"
-              f"def {failing}():\n{touch}    assert {a} + {b} == {a + b + 1 + secrets.randbelow(9)}\n")
-    return Canaries(path, f"{path}::{passing}", f"{path}::{failing}", source)
+    # A tuple of the names, compared so that Python does not warn "assertion is always true"
+    # (a warning that would point at the canaries' lines).
+    touch = f"    assert ({', '.join(used)},) != ()\n" if used else ""
+    kinds = [True] * (1 + secrets.randbelow(3)) + [False] * (3 + secrets.randbelow(4))
+    secrets.SystemRandom().shuffle(kinds)
+    names: list[str] = []
+    while len(names) < len(kinds):
+        name = _name()
+        names += [name] if name not in names else []
+    bodies = []
+    for name, passes in zip(names, kinds):
+        a, b = secrets.randbelow(900) + 100, secrets.randbelow(900) + 100
+        op = secrets.choice("+-*")
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        if not passes:
+            value += secrets.choice((-1, 1)) * (1 + secrets.randbelow(9))
+        bodies.append(f"def {name}():\n{touch}    assert {a} {op} {b} == {value}\n")
+    return Canaries(path, tuple(f"{path}::{n}" for n, passes in zip(names, kinds) if passes),
+                    tuple(f"{path}::{n}" for n, passes in zip(names, kinds) if not passes),
+                    "\n\n".join(bodies))
 
 
 def canary_path(tests: list[str]) -> str:
@@ -117,6 +145,8 @@ class RunRecord:
     reported_twice: list[str] = field(default_factory=list)
     malformed: str | None = None
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL with no xfail marker
+    rewritten: list[str] = field(default_factory=list)  # "<id> (<phase>)": raised, reported passed
+    bypassed: list[str] = field(default_factory=list)  # passed, but not called by pytest's hook
 
 
 def _phase_status(when: str, outcome: str, xfail: bool) -> TestStatus | None:
@@ -158,6 +188,10 @@ def parse_record(text: str) -> RunRecord:
                 record.reported_twice.append(nodeid)
                 continue
             seen.add((nodeid, when))
+            if outcome == "passed" and event.get("raised") is True:
+                record.rewritten.append(f"{nodeid} ({when})")
+            if outcome == "passed" and event.get("bypassed") is True:
+                record.bypassed.append(nodeid)
             status = _phase_status(when, outcome, bool(event.get("xfail")))
             if status is TestStatus.XFAIL and event.get("declared") is False:
                 record.undeclared_xfail.add(nodeid)
@@ -200,6 +234,12 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
             return f"the process exited with {exit_code}, but the test runner returned {record.exit_code}"
         if record.exit_code in (0, 1) and not record.finished:
             return "the test session never finished"
+        if record.rewritten:
+            return (f"a test's report was rewritten: {record.rewritten[0]} raised, but was reported "
+                    "passed")
+        if record.bypassed:
+            return (f"{record.bypassed[0]} was not run by pytest: a plugin the repository's code "
+                    "registered called its test function instead")
         if record.reported_twice:
             return f"a test was reported twice: {record.reported_twice[0]}"
         if junit is None:
@@ -212,10 +252,12 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
     if canaries is not None and junit is not None:
         sources = [junit] + ([record.statuses] if record is not None else [])
         for statuses in sources:
-            if lookup(canaries.must_pass, statuses) is not TestStatus.PASSED:
-                return f"a canary test that must pass did not: {canaries.must_pass}"
-            if lookup(canaries.must_fail, statuses) is not TestStatus.FAILED:
-                return f"a canary test that must fail did not: {canaries.must_fail}"
+            for canary in canaries.must_pass:
+                if lookup(canary, statuses) is not TestStatus.PASSED:
+                    return f"a canary test that must pass did not: {canary}"
+            for canary in canaries.must_fail:
+                if lookup(canary, statuses) is not TestStatus.FAILED:
+                    return f"a canary test that must fail did not: {canary}"
         if exit_code == 0:
             return "the runner exited 0 although a canary test failed"
     return None

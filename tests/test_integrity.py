@@ -1,0 +1,146 @@
+"""The run-integrity checks on their own: canaries, and the reporter's view of what each phase
+raised. The attacks these checks stop are in test_reward_forgery.py; here, that honest runs of
+every kind of test are believed, and that the checks read the records the way they should."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gym_envs.grading import integrity
+from gym_envs.grading.outcome import TestStatus
+from gym_envs.grading.testrun import run_tests
+
+
+def test_canaries_come_in_random_numbers_and_do_what_they_claim():
+    counts = set()
+    for _ in range(40):
+        canaries = integrity.make_canaries("tests/test_x.py", b"from calc import add\n")
+        assert 1 <= len(canaries.must_pass) <= 3 and 3 <= len(canaries.must_fail) <= 6
+        assert len(set(canaries.ids)) == len(canaries.ids)
+        counts.add((len(canaries.must_pass), len(canaries.must_fail)))
+        namespace: dict = {"add": object()}
+        exec(canaries.source, namespace)  # noqa: S102 - our own generated source
+        for test_id in canaries.ids:
+            function = namespace[test_id.split("::")[1]]
+            try:
+                function()
+                passed = True
+            except AssertionError:
+                passed = False
+            assert passed == (test_id in canaries.must_pass), canaries.source
+    assert len(counts) > 3, "the numbers of canaries should vary from run to run"
+
+
+def _records(*reports: dict) -> str:
+    lines = [{"event": "start", "pid": 1}]
+    lines += [{"event": "report", "xfail": False, "declared": True, **r} for r in reports]
+    lines += [{"event": "finish", "exitstatus": 1}, {"event": "exit", "code": 1}]
+    return "\n".join(json.dumps(line) for line in lines) + "\n"
+
+
+def test_a_phase_that_raised_but_reports_passed_is_tampering():
+    record = integrity.parse_record(_records(
+        {"nodeid": "t.py::a", "when": "call", "outcome": "passed", "raised": True}))
+    assert record.rewritten == ["t.py::a (call)"]
+    reason = integrity.check_run(exit_code=1, output="", junit={"t.py::a": TestStatus.PASSED},
+                                 record=record, reporter=True, requested=["t.py::a"], canaries=None)
+    assert reason is not None and "t.py::a (call) raised" in reason
+
+
+def test_raised_and_skipped_or_failed_is_honest():
+    record = integrity.parse_record(_records(
+        {"nodeid": "t.py::a", "when": "setup", "outcome": "skipped", "raised": True},
+        {"nodeid": "t.py::b", "when": "call", "outcome": "failed", "raised": True},
+        {"nodeid": "t.py::c", "when": "call", "outcome": "passed"}))  # an older reporter's line
+    assert record.rewritten == []
+
+
+TRICKY_TESTS = '''\
+import unittest
+
+import pytest
+
+
+class TestCaseStyle(unittest.TestCase):
+    def test_unittest_passes(self):
+        self.assertEqual(1, 1)
+
+    def test_unittest_fails(self):
+        self.assertEqual(1, 2)
+
+    @unittest.expectedFailure
+    def test_unittest_expected_failure(self):
+        self.assertEqual(1, 2)
+
+    @unittest.skip("not here")
+    def test_unittest_skipped(self):
+        pass
+
+
+@pytest.mark.xfail(raises=ZeroDivisionError)
+def test_xfail_raising():
+    1 / 0
+
+
+@pytest.fixture
+def skipping():
+    pytest.skip("no resource")
+
+
+def test_skip_in_fixture(skipping):
+    pass
+
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise RuntimeError("teardown")
+
+
+def test_error_in_teardown(broken_teardown):
+    pass
+
+
+def test_plain_pass():
+    assert True
+
+
+def test_plain_fail():
+    assert False
+'''
+
+
+def test_honest_runs_of_every_kind_are_believed(calc_sandbox, calc_task):
+    """unittest cases (which keep their failures instead of raising), xfail, skips from fixtures
+    and teardown errors: the reporter's "raised" must never turn an honest run into tampering."""
+    calc_sandbox.write_file("tests/test_tricky.py", TRICKY_TESTS)
+    ids = [f"tests/test_tricky.py::{name}" for name in (
+        "TestCaseStyle::test_unittest_passes", "TestCaseStyle::test_unittest_fails",
+        "TestCaseStyle::test_unittest_expected_failure", "TestCaseStyle::test_unittest_skipped",
+        "test_xfail_raising", "test_skip_in_fixture", "test_error_in_teardown", "test_plain_pass",
+        "test_plain_fail")]
+    run = run_tests(calc_sandbox, calc_task.test_spec, ids)
+    assert run.tampering is None and run.error is None, run.output[-3000:]
+    status = {t.rsplit("::", 1)[1]: s for t, s in run.statuses.items()}
+    assert status == {
+        "test_unittest_passes": TestStatus.PASSED, "test_unittest_fails": TestStatus.FAILED,
+        "test_unittest_expected_failure": TestStatus.XFAIL, "test_unittest_skipped": TestStatus.SKIPPED,
+        "test_xfail_raising": TestStatus.XFAIL, "test_skip_in_fixture": TestStatus.SKIPPED,
+        "test_error_in_teardown": TestStatus.ERROR, "test_plain_pass": TestStatus.PASSED,
+        "test_plain_fail": TestStatus.FAILED,
+    }, run.output[-3000:]
+
+
+@pytest.mark.parametrize("spared", [0, 2])
+def test_every_must_fail_canary_is_checked(spared):
+    """Sparing a few must-fail canaries (letting them fail) while forcing the others to pass is
+    caught: each one is checked, not just the first."""
+    canaries = integrity.make_canaries("t.py")
+    junit = {c: TestStatus.PASSED for c in canaries.must_pass}
+    junit |= {c: (TestStatus.FAILED if i < spared else TestStatus.PASSED)
+              for i, c in enumerate(canaries.must_fail)}
+    reason = integrity.check_run(exit_code=1, output="", junit=junit, record=None, reporter=False,
+                                 requested=[], canaries=canaries)
+    assert reason is not None and "must fail" in reason
