@@ -23,6 +23,24 @@ from sandboxes import EnvironmentBuildError, EnvironmentSpec
 from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL
 
 
+def test_each_environment_gets_a_release_whose_python_fits(monkeypatch):
+    """No Docker needed: the choice reads the known releases and the base images' labels."""
+    from sandboxes.docker import images
+
+    monkeypatch.setattr(images, "_base_pythons", lambda: {})
+    monkeypatch.setattr(images, "DEFAULT_RELEASE", "bookworm")
+    assert images.release_for(EnvironmentSpec(python=">=3.8")) == "bookworm", "the default when it fits"
+    assert images.release_for(EnvironmentSpec(python="3.9")) == "bullseye"
+    assert images.release_for(EnvironmentSpec(python="3.13")) == "trixie"
+    assert images.release_for(EnvironmentSpec(python=">=3.12")) == "trixie"
+    assert images.release_for(EnvironmentSpec(python="<3.11")) == "bullseye", "the oldest that fits"
+    assert images.release_for(EnvironmentSpec(python="3.9"), "trixie") == "trixie", "as asked (checked later)"
+    with pytest.raises(EnvironmentBuildError, match=r"satisfies '3.7'.*bootstrap one that does"):
+        images.release_for(EnvironmentSpec(python="3.7"))
+    monkeypatch.setattr(images, "_base_pythons", lambda: {"buster": "3.7.3"})
+    assert images.release_for(EnvironmentSpec(python="3.7")) == "buster", "a base image bootstrapped by hand"
+
+
 def test_host_mirror_reads_deb822_and_one_line_sources(tmp_path):
     from sandboxes.docker.images import DEFAULT_MIRROR, host_mirror
 

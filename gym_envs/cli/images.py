@@ -5,6 +5,7 @@ Mounted by the main command line as ``app.add_typer(images_app, name="images")``
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
 from typing import Annotated
@@ -22,7 +23,8 @@ from tasks.model import TaskFileError
 
 images_app = typer.Typer(no_args_is_help=True,
                          help="Docker images: a Debian base (debootstrap, no registry), environments, instances.")
-ReleaseOpt = Annotated[str | None, typer.Option("--release", help=f"Debian release: {', '.join(RELEASES)}.")]
+ReleaseOpt = Annotated[str | None, typer.Option(
+    "--release", help=f"Debian release ({', '.join(RELEASES)}, or any other debootstrap knows, with --mirror).")]
 
 
 def _images():
@@ -37,11 +39,10 @@ def _images():
     return images
 
 
-def _release(release: str | None) -> str:
-    if release is None:
-        return DEFAULT_RELEASE  # $PATCHGYM_DEBIAN_RELEASE or bookworm
-    if release not in RELEASES:
-        fail(f"unknown release {release!r}; choose one of {', '.join(RELEASES)}")
+def _release(release: str | None) -> str | None:
+    """A release name as given (None: each task's own, chosen by its Python)."""
+    if release is not None and not re.fullmatch(r"[a-z][a-z0-9.-]*", release):
+        fail(f"invalid release name {release!r}; known ones are {', '.join(RELEASES)}")
     return release
 
 
@@ -68,7 +69,7 @@ def bootstrap(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build the base image patchgym/base:<release> with debootstrap from a Debian mirror (no registry)."""
-    release = _release(release)
+    release = _release(release) or DEFAULT_RELEASE  # $PATCHGYM_DEBIAN_RELEASE or bookworm
     images = _images()
     tag = images.base_tag(release)
     started = time.monotonic()
@@ -120,7 +121,7 @@ def build(
                 rows.append((task.instance_id, outcome, str(exc)))
             counts[outcome] += 1
             progress.update(bar, advance=1, status=" ".join(f"{k} {v}" for k, v in counts.items()))
-    table = Table(title=f"instance images ({release})")
+    table = Table(title=f"instance images ({release or 'each on a release whose Python fits it'})")
     for col in ("instance_id", "result", "image / error"):
         table.add_column(col, overflow="fold")
     colours = {"built": "green", "cached": "cyan", "failed": "red"}

@@ -84,7 +84,9 @@ ENV_REPO = "patchgym/env"
 INSTANCE_REPO = "patchgym/instance"
 PYTHON_LABEL = "org.patchgym.python"  # the base image's python3 version
 RELEASES = ("bullseye", "bookworm", "trixie")
-RELEASE_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}  # for error messages only
+# The python3 each known release ships: what choosing a release for a spec goes by before its base
+# image exists (once it does, the image's own label is read instead).
+RELEASE_PYTHON = {"bullseye": "3.9.2", "bookworm": "3.11.2", "trixie": "3.13.5"}
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "procps", "diffutils")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -99,6 +101,7 @@ PIP_CONFIG_DIRS = ("/etc/xdg/pip",)
 HOST_CA_DIR = "/usr/local/share/ca-certificates"
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 DEBOOTSTRAP_TIMEOUT = 3600.0
+DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 BUILD_TIMEOUT = 3600.0
 LOG_TAIL = 3000
 
@@ -381,6 +384,9 @@ def bootstrap_base(release: str = DEFAULT_RELEASE, *, mirror: str | None = None,
         raise EnvironmentBuildError("building the base image needs root (debootstrap and chroot)")
     if shutil.which("debootstrap") is None:
         raise EnvironmentBuildError("debootstrap is not installed (apt-get install debootstrap)")
+    if not (DEBOOTSTRAP_SCRIPTS / release).exists():
+        raise EnvironmentBuildError(f"unknown release {release!r}: debootstrap has no script for it in "
+                                    f"{DEBOOTSTRAP_SCRIPTS} (known to patchgym: {', '.join(RELEASES)})")
     builds = cache_dir("builds")
     with file_lock(_lock_path(f"base-{release}")):
         if not force and _image(tag) is not None:
@@ -420,6 +426,52 @@ def bootstrap_base(release: str = DEFAULT_RELEASE, *, mirror: str | None = None,
             _remove_rootfs(work)
         _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
     return tag
+
+
+def _base_pythons() -> dict[str, str]:
+    """release → python3 version of every base image built so far (its label)."""
+    try:
+        bases = _client().images.list(filters={"label": f"{KIND_LABEL}=base"})
+    except Exception as exc:
+        raise SandboxError(f"cannot list base images: {exc}") from None
+    found: dict[str, str] = {}
+    for image in bases:
+        labels = image.labels or {}
+        for tag in image.tags or []:
+            repository, _, release = tag.rpartition(":")
+            if repository == BASE_REPO and labels.get(PYTHON_LABEL):
+                found[release] = labels[PYTHON_LABEL]
+    return found
+
+
+def release_for(spec: EnvironmentSpec, release: str | None = None) -> str:
+    """The release to build ``spec`` on: ``release`` if given (checked later by
+    :func:`check_python`); else the default release if its Python fits ``spec.python``; else the
+    known release or bootstrapped base image with the oldest fitting Python (an era's code is
+    likelier to run on the oldest interpreter that its constraint admits)."""
+    from packaging.version import InvalidVersion, Version
+
+    if release is not None:
+        return release
+    wanted = spec.specifier()
+    pythons = {**RELEASE_PYTHON, **_base_pythons()}
+
+    def fits(name: str) -> bool:
+        try:
+            return Version(pythons[name]) in wanted
+        except InvalidVersion:
+            return False
+
+    if DEFAULT_RELEASE in pythons and fits(DEFAULT_RELEASE):
+        return DEFAULT_RELEASE
+    fitting = sorted((n for n in pythons if fits(n)), key=lambda n: Version(pythons[n]))
+    if not fitting:
+        have = ", ".join(f"{n} {v}" for n, v in sorted(pythons.items(), key=lambda kv: Version(kv[1])))
+        raise EnvironmentBuildError(
+            f"no Debian release patchgym knows provides a Python that satisfies {spec.python!r} (have: {have}); "
+            "bootstrap one that does, e.g. patchgym images bootstrap --release buster "
+            "--mirror http://archive.debian.org/debian for Python 3.7")
+    return fitting[0]
 
 
 def _ensure_base(release: str, progress: Progress):
@@ -594,7 +646,8 @@ def check_python(spec: EnvironmentSpec, base, release: str) -> str:
         hints = ", ".join(f"{r} {v}" for r, v in RELEASE_PYTHON.items())
         raise EnvironmentBuildError(
             f"Debian {release} provides Python {version}, which does not satisfy the environment's python "
-            f"{spec.python!r}; build on a release whose python3 fits ({hints}) with --release")
+            f"{spec.python!r}; build on a release whose python3 fits ({hints}), or leave --release out to let "
+            "patchgym pick one")
     return version
 
 
@@ -625,8 +678,10 @@ def _build_once(tag: str, key: str, header: str, summary: str, progress: Progres
         _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
 
 
-def environment_image(spec: EnvironmentSpec, *, release: str = DEFAULT_RELEASE, progress: Progress = None) -> str:
-    """The ``patchgym/env:<hash>`` image for ``spec`` (built once if missing); return its tag."""
+def environment_image(spec: EnvironmentSpec, *, release: str | None = None, progress: Progress = None) -> str:
+    """The ``patchgym/env:<hash>`` image for ``spec`` (built once if missing) on ``release``, or on the
+    release :func:`release_for` picks; return its tag."""
+    release = release_for(spec, release)
     base = _ensure_base(release, progress)
     check_python(spec, base, release)
     key = environment_key(spec, base.id)
@@ -671,7 +726,7 @@ def instance_key(env_id: str, repo: str, base_commit: str, spec: EnvironmentSpec
                     "install": list(spec.install), "layout": INSTANCE_LAYOUT})
 
 
-def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, release: str = DEFAULT_RELEASE,
+def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, release: str | None = None,
                    progress: Progress = None) -> str:
     """The ``patchgym/instance:<hash>`` image: ``repo`` at ``base_commit`` in ``/testbed`` over the
     environment image of ``spec``, after ``spec.install``; built once if missing. Return its tag."""
@@ -764,5 +819,5 @@ def prune_images(kinds: Iterable[str] = ("instance", "env"), *, dry_run: bool = 
 
 __all__ = [
     "BASE_REPO", "ENV_REPO", "INSTANCE_REPO", "RELEASES", "base_tag", "bootstrap_base", "build_environ",
-    "environment_image", "host_mirror", "instance_image", "list_images", "prune_images",
+    "environment_image", "host_mirror", "instance_image", "list_images", "prune_images", "release_for",
 ]

@@ -30,7 +30,6 @@ from ..limits import ResourceLimits
 from ..local import SandboxSpec
 from ..output import DEFAULT_OUTPUT_LIMIT
 from .client import (
-    DEFAULT_RELEASE,
     KIND_LABEL,
     MANAGED_LABEL,
     OWNER_LABEL,
@@ -190,7 +189,7 @@ class DockerSandbox(ClosesItself):
         spec: SandboxSpec,
         *,
         limits: ResourceLimits | None = None,
-        release: str = DEFAULT_RELEASE,
+        release: str | None = None,
         network: bool = False,
         pool: WarmPool | None = None,
         lifetime: int = DEFAULT_LIFETIME,
