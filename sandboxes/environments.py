@@ -2,8 +2,10 @@
 
 The spec is what SWE-bench keeps outside a task row (Python version, packages, install steps).
 Its hash names the cache entry, so every task of a repository/version that shares a spec shares one
-venv. Building honours the host's pip configuration (index, CA bundle, proxies), because pip runs
-with the host's environment and configuration files.
+venv. Packages are installed with uv where it is installed, pip otherwise (:mod:`.installer`).
+Building honours the host's pip configuration (index, find-links, constraints, CA bundle,
+proxies): pip runs with the host's environment and configuration files, and uv is given the same
+settings as options.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from .base import EnvironmentBuildError
+from .installer import installer_choice, uv_executable, uv_install_argv
 from .locks import file_lock
 from .paths import cache_dir
 
@@ -202,9 +205,7 @@ def ensure_environment(
             env = venv_environ(venv)
             for command in spec.pre_install:
                 run_logged(["bash", "-c", command], log_file, cwd=checkout or root, env=env)
-            if spec.packages:
-                run_logged([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                      "--no-input", *spec.packages], log_file, cwd=root, env=env)
+            installer = install_packages(venv, spec.packages, log_file, cwd=root, env=env) if spec.packages else None
             for command in spec.install:
                 if checkout is None:
                     raise EnvironmentBuildError("install steps need a repository checkout")
@@ -216,10 +217,34 @@ def ensure_environment(
             raise
         except Exception as exc:  # pragma: no cover - unexpected OS errors
             raise EnvironmentBuildError(f"environment {key} failed to build: {exc}") from exc
-        ready.write_text(json.dumps({"spec": asdict(spec), "python": interpreter.version,
+        ready.write_text(json.dumps({"spec": asdict(spec), "python": interpreter.version, "installer": installer,
                                      "seconds": round(time.monotonic() - started, 2)}))
         log.info("environment %s built in %.1fs", key, time.monotonic() - started)
     return built
+
+
+def install_packages(venv: Path, packages: tuple[str, ...], log_file: Path, *, cwd: Path,
+                     env: dict[str, str]) -> str:
+    """pip-install ``packages`` into ``venv``, with uv when it is there (:mod:`sandboxes.installer`),
+    falling back to pip if uv fails; return the installer that succeeded."""
+    python = str(venv / "bin" / "python")
+    choice = installer_choice()
+    uv = uv_executable() if choice != "pip" else None
+    if choice == "uv" and uv is None:
+        raise EnvironmentBuildError("PATCHGYM_INSTALLER=uv, but uv is not installed (pip install uv)")
+    if uv is not None:
+        argv, uv_env = uv_install_argv(uv, python, packages, env)
+        try:
+            run_logged(argv, log_file, cwd=cwd, env=uv_env)
+            return "uv"
+        except EnvironmentBuildError:
+            if choice == "uv":
+                raise
+            with log_file.open("a") as fh:
+                fh.write("# uv failed: installing the same packages with pip\n")
+    run_logged([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *packages],
+               log_file, cwd=cwd, env=env)
+    return "pip"
 
 
 def venv_environ(venv: Path) -> dict[str, str]:
