@@ -96,6 +96,7 @@ def _candidate_executables() -> list[str]:
         seen += [str(p / "bin" / "python3") for p in sorted(pyenv.iterdir())]
     for prefix in ("/usr/local/bin", "/usr/bin"):
         seen += [str(p) for p in sorted(Path(prefix).glob("python3.*")) if p.name[8:].isdigit()]
+    seen += [str(p) for p in sorted(uv_python_dir().glob("cpython-3.*/bin/python3"))]
     out: list[str] = []
     for exe in seen:
         if os.access(exe, os.X_OK) and exe not in out:
@@ -143,22 +144,63 @@ def _probe_self() -> Interpreter | None:
                        tuple(os.path.realpath(d) for d in sorted(set(dirs))))
 
 
-def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
-    """The interpreter for ``spec``: this one if it fits, else the newest fitting one on the host."""
-    wanted = spec.specifier()
-    fitting: list[Interpreter] = []
+def uv_python_dir() -> Path:
+    """Where uv keeps the interpreters it manages (``uv python dir``)."""
+    configured = os.environ.get("UV_PYTHON_INSTALL_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "uv" / "python"
+
+
+@cache
+def _uv_python_install(constraint: str) -> str | None:
+    """Ask uv to download an interpreter for ``constraint``; None on success, else why not
+    (asked once per process: offline hosts fail in seconds, and only once)."""
+    uv = uv_executable()
+    if uv is None:
+        return "uv is not installed"
+    if os.environ.get("UV_PYTHON_DOWNLOADS", "").lower() in ("never", "manual"):
+        return f"UV_PYTHON_DOWNLOADS={os.environ['UV_PYTHON_DOWNLOADS']}: not downloading one with uv"
+    try:
+        proc = subprocess.run([uv, "python", "install", constraint], capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"uv python install failed: {exc}"
+    if proc.returncode != 0:
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        return f"uv python install {constraint!r} failed: {lines[-1] if lines else proc.returncode}"
+    return None
+
+
+def _fitting(wanted: SpecifierSet) -> list[Interpreter]:
+    out = []
     for exe in _candidate_executables():
         interp = _probe(exe)
         if interp and Version(interp.version) in wanted:
-            if exe == sys.executable:
-                return interp
-            fitting.append(interp)
+            out.append(interp)
+    return out
+
+
+def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
+    """The interpreter for ``spec``: this one if it fits, else the newest fitting one on the host
+    (uv's managed interpreters included), else one uv downloads where the host can reach them."""
+    wanted = spec.specifier()
+    fitting = _fitting(wanted)
+    if not fitting and installer_choice() != "pip":
+        why_not = _uv_python_install(spec.python.strip() if spec.python.strip()[:1].isdigit() else str(wanted))
+        fitting = _fitting(wanted) if why_not is None else []
+    else:
+        why_not = None
     if not fitting:
         raise EnvironmentBuildError(
             f"no Python interpreter on this host satisfies {spec.python!r} "
-            f"(looked at {', '.join(_candidate_executables())})"
+            f"(looked at {', '.join(_candidate_executables())}"
+            + (f"; {why_not}" if why_not else "") + "); install one (pyenv, a python3.X package), or use "
+            "the docker backend, which picks a Debian release whose Python fits"
         )
-    return max(fitting, key=lambda i: Version(i.version))
+    here = [i for i in fitting if i.executable == os.path.realpath(sys.executable)]
+    return here[0] if here else max(fitting, key=lambda i: Version(i.version))
 
 
 def environment_key(spec: EnvironmentSpec, interpreter: Interpreter, checkout_id: str | None) -> str:

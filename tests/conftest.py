@@ -84,6 +84,9 @@ def patchgym_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every cache (venvs, checkouts, sandboxes) in one place per test session."""
     home = Path(os.environ.get("PATCHGYM_TEST_HOME") or tmp_path_factory.mktemp("patchgym-home"))
     os.environ["PATCHGYM_HOME"] = str(home)
+    # Tests asking for an interpreter no host has must not wait on uv failing to download one
+    # (about 10 s each with no route to the downloads); test_environments tests the asking itself.
+    os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     return home
 
 

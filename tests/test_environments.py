@@ -31,6 +31,32 @@ def test_interpreter_choice():
         find_interpreter(EnvironmentSpec(python="three"))
 
 
+def test_uv_managed_interpreters_are_candidates_and_a_failed_download_is_explained(tmp_path, monkeypatch):
+    from sandboxes import environments
+
+    managed = tmp_path / "uv-python" / "cpython-3.99.0-linux-x86_64-gnu" / "bin"
+    managed.mkdir(parents=True)
+    (managed / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(tmp_path / "uv-python"))
+    assert str(managed / "python3") in environments._candidate_executables()
+
+    fake_uv = tmp_path / "uv"
+    fake_uv.write_text("#!/bin/sh\necho \"$@\" >> " + str(tmp_path / "asked") + "\n"
+                       "echo 'error: Failed to download: dns error' >&2\nexit 2\n")
+    fake_uv.chmod(0o755)
+    monkeypatch.setattr(environments, "uv_executable", lambda: str(fake_uv))
+    monkeypatch.delenv("UV_PYTHON_DOWNLOADS", raising=False)
+    environments._uv_python_install.cache_clear()
+    with pytest.raises(EnvironmentBuildError, match=r"uv python install '2.6' failed: error: Failed to download"):
+        find_interpreter(EnvironmentSpec(python="2.6"))
+    assert (tmp_path / "asked").read_text() == "python install 2.6\n"
+    monkeypatch.setenv("UV_PYTHON_DOWNLOADS", "never")
+    environments._uv_python_install.cache_clear()
+    with pytest.raises(EnvironmentBuildError, match="UV_PYTHON_DOWNLOADS=never"):
+        find_interpreter(EnvironmentSpec(python="2.6"))
+    assert (tmp_path / "asked").read_text() == "python install 2.6\n", "not asked again"
+
+
 def test_environment_is_built_once_and_shared(calc_task):
     spec = calc_task.environment.to_spec()
     first = ensure_environment(spec)
