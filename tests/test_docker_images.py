@@ -152,7 +152,7 @@ def test_python_constraint_mismatch_is_a_clear_error(docker_base):
     from sandboxes.docker.images import environment_image
 
     with pytest.raises(EnvironmentBuildError, match=r"bookworm provides Python 3\.11.*'==3\.9'"):
-        environment_image(EnvironmentSpec(python="==3.9", packages=("pytest==8.3.5",)))
+        environment_image(EnvironmentSpec(python="==3.9", packages=("pytest==8.3.5",)), release="bookworm")
 
 
 def _tiny_tar() -> bytes:
@@ -262,5 +262,9 @@ def test_cli_build_list_and_errors(client, calc_tasks_file):
     broken = Path(calc_tasks_file).with_name("broken.jsonl")
     broken.write_text(json.dumps(row) + "\n")
     failed = runner.invoke(app, ["images", "build", "--tasks", str(broken)], catch_exceptions=False)
-    assert failed.exit_code == 1 and "1 failed" in failed.output and "Python 3.11" in failed.output
+    text = " ".join(failed.output.split())
+    assert failed.exit_code == 1 and "1 failed" in text and "satisfies '==2.7'" in text, text
+    forced = runner.invoke(app, ["images", "build", "--tasks", str(broken), "--release", "bookworm"],
+                           catch_exceptions=False)
+    assert forced.exit_code == 1 and "Python 3.11" in forced.output
     client.images.remove(tag)  # keyed by the session's temporary repository path: never reused
