@@ -106,15 +106,15 @@ def make_canaries(path: str, module_source: bytes | None = None) -> Canaries:
         name = _name()
         names += [name] if name not in names else []
     bodies = []
-    for name, passes in zip(names, kinds):
+    for name, passes in zip(names, kinds, strict=True):
         a, b = secrets.randbelow(900) + 100, secrets.randbelow(900) + 100
         op = secrets.choice("+-*")
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         if not passes:
             value += secrets.choice((-1, 1)) * (1 + secrets.randbelow(9))
         bodies.append(f"def {name}():\n{touch}    assert {a} {op} {b} == {value}\n")
-    return Canaries(path, tuple(f"{path}::{n}" for n, passes in zip(names, kinds) if passes),
-                    tuple(f"{path}::{n}" for n, passes in zip(names, kinds) if not passes),
+    return Canaries(path, tuple(f"{path}::{n}" for n, passes in zip(names, kinds, strict=True) if passes),
+                    tuple(f"{path}::{n}" for n, passes in zip(names, kinds, strict=True) if not passes),
                     "\n\n".join(bodies))
 
 
