@@ -5,7 +5,8 @@ Import finds each row's repository in a directory of local clones, mirrors or bu
 what SWE-bench keeps outside the row — the environment and the test command — from, in order: the
 row's own patchgym ``environment``/``test_spec``; its ``install_config`` (SWE-rebench's field); the
 ``--specs`` file (``{"owner/name": {"<version>": {...}}}``, SWE-bench's MAP_REPO_VERSION_TO_SPECS;
-a ``"*"`` version applies to every version); defaults, with a warning.
+a ``"*"`` version applies to every version); the built-in specs of SWE-bench's repositories
+(``tasks/specs/swebench.json``, the same format); defaults, with a warning.
 
 Round trip: a task keeps the row it was read from (:attr:`Task.raw_row`), and rows are written
 from it — its key order, its fields unknown to patchgym verbatim, ``FAIL_TO_PASS``/``PASS_TO_PASS``
@@ -28,6 +29,7 @@ import shlex
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +44,6 @@ from tasks.model import (
     TestFormat,
     TestSpec,
     _format_error,
-    read_rows,
 )
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ DEFAULT_INSTALL = "python -m pip install -e ."
 # names no reqs_path (the first that exists is installed).
 REQS_CANDIDATES = ("requirements.txt", "requirements-dev.txt", "requirements/dev.txt", "requirements/test.txt",
                    "requirements/testing.txt", "test-requirements.txt", "requirements_test.txt")
+
+# What SWE-bench keeps outside its rows for its own repositories, per repository and version.
+BUILTIN_SPECS = Path(__file__).with_name("specs") / "swebench.json"
 
 TestsEncoding = Literal["json", "list", "source"]
 RowFormat = Literal["jsonl", "json"]
@@ -85,7 +89,7 @@ class ImportResult:
     tasks: list[Task] = field(default_factory=list)
     dropped: list[DroppedRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # instance_id → where its environment came from: row, install_config, specs or defaults
+    # instance_id → where its environment came from: row, install_config, specs, builtin or defaults
     environment_source: dict[str, str] = field(default_factory=dict)
 
     def warn(self, message: str) -> None:
@@ -118,6 +122,22 @@ def find_repo(repos_dir: Path, repo: str) -> Path:
     extra = f" ({', '.join(not_git)} exist but are not git repositories)" if not_git else ""
     raise RepoNotFoundError(f"cannot find repository {repo!r} in {repos_dir}; tried "
                             f"{', '.join(p.name for p in tried)}{extra}")
+
+
+def is_url(text: str) -> bool:
+    """Whether ``text`` names a remote git repository rather than a local path."""
+    return "://" in text or text.startswith("git@")
+
+
+def clone_url(template: str, repo: str) -> str:
+    """The clone URL of ``owner/name`` from ``template``: its ``{repo}``, ``{owner}`` and ``{name}``
+    filled in (``file:///srv/git/{owner}__{name}.git``), or, with none of them, ``owner/name``
+    appended as a path (``https://github.com`` → ``https://github.com/owner/name``). Clones are
+    cached as mirrors (:mod:`sandboxes.repos`) and fetched again only when a commit is missing."""
+    owner, _, name = repo.rpartition("/")
+    if any(f"{{{key}}}" in template for key in ("repo", "owner", "name")):
+        return template.replace("{repo}", repo).replace("{owner}", owner).replace("{name}", name)
+    return f"{template.rstrip('/')}/{repo}"
 
 
 def portable_path(path: Path, base_dir: Path) -> str:
@@ -179,10 +199,17 @@ def load_specs(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
         raise TaskFileError(f"{path}: invalid specs file: {exc}") from None
     if not isinstance(data, dict):
         raise TaskFileError(f"{path}: expected an object of repositories, each an object of versions")
+    data = {repo: versions for repo, versions in data.items() if not repo.startswith("_")}  # "_source": notes
     for repo, versions in data.items():
         if not isinstance(versions, dict) or not all(isinstance(v, dict) for v in versions.values()):
             raise TaskFileError(f"{path}: {repo!r}: expected an object of versions, each an install config object")
     return {repo: {str(v): cfg for v, cfg in versions.items()} for repo, versions in data.items()}
+
+
+@cache
+def builtin_specs() -> dict[str, dict[str, dict[str, Any]]]:
+    """The specs patchgym carries for SWE-bench's repositories (Lite and Verified)."""
+    return load_specs(BUILTIN_SPECS)
 
 
 def lookup_spec(specs: Mapping[str, Mapping[str, dict[str, Any]]] | None, repo: str, version: Any) -> dict | None:
@@ -289,9 +316,11 @@ def _install_config(row: Mapping[str, Any]) -> dict[str, Any] | None:
 
 # --- import ---------------------------------------------------------------------------------------
 
-def import_rows(rows: Iterable[tuple[str, Any]], *, repos_dir: Path, output: Path,
+def import_rows(rows: Iterable[tuple[str, Any]], *, repos: str | Path, output: Path,
                 specs: Mapping[str, Mapping[str, dict[str, Any]]] | None = None, origin: str = "") -> ImportResult:
-    """Make tasks of SWE-bench rows (``(where, row)`` pairs) to be written to ``output``."""
+    """Make tasks of SWE-bench rows (``(where, row)`` pairs) to be written to ``output``; each
+    row's repository is found in the directory ``repos`` or is ``repos`` as a clone URL
+    (:func:`clone_url`)."""
     result = ImportResult()
     seen: dict[str, str] = {}
     output_dir = output.resolve().parent
@@ -309,11 +338,14 @@ def import_rows(rows: Iterable[tuple[str, Any]], *, repos_dir: Path, output: Pat
             reason = f"duplicate instance_id (first at {seen[instance_id]})"
             result.dropped.append(DroppedRow(where, instance_id, reason))
             continue
-        try:
-            repo_dir = find_repo(repos_dir, repo)
-        except RepoNotFoundError as exc:
-            result.dropped.append(DroppedRow(where, instance_id, str(exc)))
-            continue
+        if is_url(str(repos)):
+            repo_path = clone_url(str(repos), repo)
+        else:
+            try:
+                repo_path = portable_path(find_repo(Path(repos), repo), output_dir)
+            except RepoNotFoundError as exc:
+                result.dropped.append(DroppedRow(where, instance_id, str(exc)))
+                continue
 
         augmented: dict[str, Any] = {}
         for key, value in row.items():
@@ -332,7 +364,7 @@ def import_rows(rows: Iterable[tuple[str, Any]], *, repos_dir: Path, output: Pat
                 augmented["test_spec"] = test_spec.model_dump()
         else:
             source = "row"
-        augmented["repo_path"] = portable_path(repo_dir, output_dir)
+        augmented["repo_path"] = repo_path
         try:
             task = Task.model_validate(augmented)
         except ValidationError as exc:
@@ -353,6 +385,8 @@ def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapp
     if config is None:
         config, source = lookup_spec(specs, repo, version), "specs"
     if config is None:
+        config, source = lookup_spec(builtin_specs(), repo, version), "builtin"
+    if config is None:
         environment, test_spec = default_environment(repo)
         result.warn(f"{repo} {version}: no install_config and no spec; using defaults (python "
                     f"{environment.python}, packages {environment.packages}, install {environment.install}, "
@@ -364,12 +398,17 @@ def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapp
     return environment, test_spec, source
 
 
-def import_swebench(path: Path, *, repos_dir: Path, output: Path, specs_path: Path | None = None) -> ImportResult:
-    """Read a SWE-bench JSON array or JSONL file and make its rows tasks (see :func:`import_rows`)."""
-    if not repos_dir.is_dir():
-        raise TaskFileError(f"{repos_dir}: not a directory of repositories")
+def import_swebench(source: str | Path, *, repos: str | Path, output: Path,
+                    specs_path: Path | None = None) -> ImportResult:
+    """Read SWE-bench rows (a JSON/JSONL/parquet file or a Hugging Face dataset,
+    :func:`tasks.row_sources.read_source_rows`) and make them tasks (see :func:`import_rows`)."""
+    from tasks.row_sources import read_source_rows
+
+    if not is_url(str(repos)) and not Path(repos).is_dir():
+        raise TaskFileError(f"{repos}: not a directory of repositories, nor a clone URL")
     specs = load_specs(specs_path) if specs_path else None
-    return import_rows(read_rows(path), repos_dir=repos_dir, output=output, specs=specs, origin=str(path))
+    rows = read_source_rows(source)
+    return import_rows(rows, repos=repos, output=output, specs=specs, origin=str(source))
 
 
 # --- export ---------------------------------------------------------------------------------------

@@ -34,13 +34,19 @@ from gym_envs.grading.runners import (
 )
 from gym_envs.grading.testrun import run_tests
 from sandboxes import ExecResult
-from tasks.model import TestSpec
+from sandboxes.repos import pristine_checkout
+from tasks.catalog import repo_source
+from tasks.model import TaskFileError, TestSpec
+from tasks.row_sources import read_source_rows
 from tasks.swebench_io import (
     RepoNotFoundError,
+    builtin_specs,
+    clone_url,
     environment_from_config,
     export_row,
     find_repo,
     import_rows,
+    import_swebench,
 )
 
 cli.out.width = cli.console.width = 300  # no wrapping inside table cells
@@ -682,7 +688,7 @@ def test_list_encoded_rows_round_trip_with_source_encoding(swebench_dataset, tmp
     d = swebench_dataset
     row = {**d["rows"][2], "FAIL_TO_PASS": ["test_clamp_high"], "PASS_TO_PASS": ["test_add"], "version": 1.1,
            "hints_text": None, "__index_level_0__": 7}
-    result = import_rows([("line 1", row)], repos_dir=d["repos"], output=tmp_path / "t.jsonl")
+    result = import_rows([("line 1", row)], repos=d["repos"], output=tmp_path / "t.jsonl")
     (task,) = result.tasks
     assert task.version == "1.1" and task.hints_text == ""
     assert export_row(task, swebench_only=True, tests_encoding="source") == row
@@ -711,3 +717,98 @@ def test_export_of_the_bundled_catalog(tmp_path):
     assert load_tasks(full)[0].instance_id == "patchgym__textable-1"
     bad = run("tasks", "export", "--output", str(full), "--format", "csv")
     assert bad.exit_code == 2 and "unknown format" in bad.output
+
+
+# --- rows and repositories from elsewhere ----------------------------------------------------------
+
+def _pytest_rows(d: dict, n: int) -> list[dict]:
+    return [{**d["rows"][0], "instance_id": f"acme__minilib-{i}"} for i in range(n)]
+
+
+def test_rows_from_a_parquet_file_and_a_dataset_directory(swebench_dataset, tmp_path):
+    """The same rows as parquet, and as a Hugging Face dataset directory with two splits (read by
+    the datasets library, offline), make the same tasks as the JSONL file."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pytest.importorskip("datasets")
+    d = swebench_dataset
+    rows = _pytest_rows(d, 3)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    (tmp_path / "hf" / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "hf" / "data" / "test-00000-of-00001.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:1]), tmp_path / "hf" / "data" / "dev-00000-of-00001.parquet")
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def imported(source: str) -> list[dict]:
+        result = import_swebench(source, repos=d["repos"], output=tmp_path / "t.jsonl", specs_path=d["specs"])
+        assert not result.dropped, result.dropped
+        return [export_row(t, swebench_only=True) for t in result.tasks]
+
+    expected = imported(str(jsonl))
+    assert [r["instance_id"] for r in expected] == [r["instance_id"] for r in rows]
+    assert imported(str(tmp_path / "rows.parquet")) == expected
+    assert imported(str(tmp_path / "hf")) == expected, "a dataset's default split is test"
+    assert imported(f"{tmp_path / 'hf'}:dev") == expected[:1]
+    assert [w for w, _ in read_source_rows(str(tmp_path / "rows.parquet"))] == ["row 1", "row 2", "row 3"]
+
+
+def test_bad_row_sources_say_what_they_are(tmp_path):
+    with pytest.raises(TaskFileError, match="no such file, and not a Hugging Face dataset"):
+        list(read_source_rows(str(tmp_path / "missing" / "rows.jsonl")))
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    with pytest.raises(TaskFileError, match="cannot read parquet"):
+        list(read_source_rows(str(bad)))
+    result = run("tasks", "import-swebench", str(tmp_path / "nope.jsonl"), "--repos", str(tmp_path),
+                 "--output", str(tmp_path / "t.jsonl"))
+    assert result.exit_code == 2 and "no such file" in result.output
+
+
+def test_clone_urls_from_a_template_or_a_base():
+    assert clone_url("https://github.com", "psf/requests") == "https://github.com/psf/requests"
+    assert clone_url("https://git.internal/mirrors/", "psf/requests") == "https://git.internal/mirrors/psf/requests"
+    assert clone_url("file:///srv/git/{owner}__{name}.git", "psf/requests") == "file:///srv/git/psf__requests.git"
+    assert clone_url("git@host:{repo}.git", "a/b") == "git@host:a/b.git"
+
+
+def test_repositories_from_a_clone_url_are_cloned_once_and_cached(swebench_dataset, tmp_path):
+    d = swebench_dataset
+    template = f"file://{d['repos']}/{{owner}}__{{name}}"
+    out = tmp_path / "t.jsonl"
+    result = run("tasks", "import-swebench", str(d["source"]), "--repos", template, "--specs", str(d["specs"]),
+                 "--output", str(out), "--no-validate")
+    assert result.exit_code == 0, result.output
+    tasks = {t.instance_id: t for t in load_tasks(out)}
+    task = tasks["acme__minilib-1"] if "acme__minilib-1" in tasks else next(iter(tasks.values()))
+    assert task.repo_path == f"file://{d['repos']}/acme__minilib"
+    first = pristine_checkout(repo_source(task), task.base_commit)
+    assert (first / ".git").is_dir() and git(first, "rev-parse", "HEAD").strip() == task.base_commit
+    assert pristine_checkout(repo_source(task), task.base_commit) == first, "cached"
+
+
+def test_swebench_repositories_need_no_specs_file(swebench_dataset, tmp_path):
+    """A row of one of SWE-bench's repositories gets its environment from the built-in specs."""
+    d = swebench_dataset
+    repos = tmp_path / "repos"
+    repos.mkdir()
+    (repos / "psf__requests").symlink_to(d["repos"] / "acme__minilib")
+    row = {**d["rows"][0], "instance_id": "psf__requests-1", "repo": "psf/requests", "version": "2.0"}
+    result = import_rows([("line 1", row)], repos=repos, output=tmp_path / "t.jsonl")
+    (task,) = result.tasks
+    assert result.environment_source == {"psf__requests-1": "builtin"}
+    spec = builtin_specs()["psf/requests"]["2.0"]
+    assert task.environment.python == spec["python"] and task.test_spec.format == "pytest"
+
+
+def test_builtin_specs_cover_swebench_and_all_convert():
+    specs = builtin_specs()
+    for repo in ("astropy/astropy", "django/django", "matplotlib/matplotlib", "mwaskom/seaborn", "pallets/flask",
+                 "psf/requests", "pydata/xarray", "pylint-dev/pylint", "pytest-dev/pytest",
+                 "scikit-learn/scikit-learn", "sphinx-doc/sphinx", "sympy/sympy"):
+        assert specs.get(repo), f"no built-in spec for {repo}"
+        for version, config in specs[repo].items():
+            environment, test_spec, _ = environment_from_config(config, repo)
+            assert environment.python and test_spec.command, (repo, version)
+            assert test_spec.format == {"django/django": "django", "sympy/sympy": "sympy"}.get(repo, "pytest")
+    assert specs["django/django"]["3.0"]["python"].startswith("3.")

@@ -498,9 +498,12 @@ def repos_list() -> None:
 
 @tasks_app.command("import-swebench")
 def tasks_import_swebench(
-    file: Annotated[Path, typer.Argument(help="SWE-bench rows: a JSON array or a JSONL file.")],
-    repos: Annotated[Path, typer.Option(
-        "--repos", help="Directory of clones, mirrors or bundles: owner__name or name, bare, .git or .bundle.")],
+    file: Annotated[str, typer.Argument(
+        metavar="ROWS", help="SWE-bench rows: a JSON array, a JSONL or parquet file, or a Hugging Face dataset "
+        "(owner/name[:split], or its directory; needs the datasets library).")],
+    repos: Annotated[str, typer.Option(
+        "--repos", help="Directory of clones, mirrors or bundles (owner__name or name, bare, .git or .bundle), "
+        "or a clone URL: https://github.com, or a template with {repo}, {owner}, {name} (cloned once, cached).")],
     output: Annotated[Path, typer.Option("--output", help="Task file to write (.jsonl, or .json for an array).")],
     specs: Annotated[Path | None, typer.Option(
         "--specs", help='Install configs by repository and version (JSON: {"owner/name": {"<version>": {...}}}).',
@@ -513,13 +516,14 @@ def tasks_import_swebench(
     isolation: IsolationOpt = "auto",
 ) -> None:
     """Import SWE-bench rows as a task file: each row's repository found in --repos, its environment
-    from its install_config, else --specs, else defaults (with a warning)."""
+    from its install_config, else --specs, else patchgym's built-in specs of SWE-bench's repositories, else
+    defaults (with a warning)."""
     from rich.markup import escape
 
     from tasks.swebench_io import export_row, import_swebench, missing_commits, write_rows
 
     try:
-        result = import_swebench(file, repos_dir=repos, output=output, specs_path=specs)
+        result = import_swebench(file, repos=repos, output=output, specs_path=specs)
     except TaskFileError as exc:
         fail(str(exc))
     for message in result.warnings:
