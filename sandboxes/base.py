@@ -32,6 +32,9 @@ class ExecResult:
     timed_out: bool
     duration: float
     truncated: bool = False
+    # CPU time (user + system) the command's processes used, where the backend can measure it:
+    # reports charge it to the tests or to the environment (cost per episode).
+    cpu_seconds: float | None = None
 
     @property
     def ok(self) -> bool:

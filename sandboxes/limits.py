@@ -85,6 +85,7 @@ class ProcessGroup:
             "pids": {"pids.max": str(limits.max_processes)},
             "memory": {"memory.limit_in_bytes": str(limits.memory_bytes)},
             "freezer": {},  # lets kill_all stop forks in flight before it kills
+            "cpuacct": {},  # CPU time of the whole tree (cost per episode)
         }.items():
             path = CGROUP_ROOT / controller / CGROUP_PARENT / self.name
             try:
@@ -112,6 +113,34 @@ class ProcessGroup:
             return
         self.dirs["pids"] = path
         self.dirs["memory"] = path
+        self.dirs["cpuacct"] = path  # cpu.stat is in every v2 cgroup
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) every process of the group used so far, reaped ones included;
+        None without a CPU accounting cgroup."""
+        path = self.dirs.get("cpuacct")
+        try:
+            if path is None:
+                return None
+            if (path / "cpuacct.usage").exists():
+                return int((path / "cpuacct.usage").read_text()) / 1e9
+            for line in (path / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def peak_memory_bytes(self) -> int | None:
+        """The most memory the group has held at once (None without a memory cgroup, or on a
+        kernel that does not record it)."""
+        path = self.dirs.get("memory")
+        for name in ("memory.max_usage_in_bytes", "memory.peak"):
+            try:
+                return int((path / name).read_text()) if path is not None else None
+            except (OSError, ValueError):
+                continue
+        return None
 
     def procs_files(self) -> list[str]:
         return sorted({str(p / "cgroup.procs") for p in self.dirs.values()})
@@ -240,7 +269,8 @@ def _prlimit() -> str:
 def reap_stale_cgroups() -> int:
     """Kill and remove patchgym cgroups whose owning process is dead; return how many."""
     removed = 0
-    bases = [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory", "freezer")] + [CGROUP_ROOT / CGROUP_PARENT]
+    bases = [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory", "freezer", "cpuacct")]
+    bases.append(CGROUP_ROOT / CGROUP_PARENT)
     for base in bases:
         for child in stale_children(base):
             if not child.is_dir():

@@ -10,6 +10,7 @@ warning: that mode bounds resources and cleans up, but it does not contain hosti
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shlex
@@ -138,6 +139,7 @@ class LocalSandbox(ClosesItself):
                     host_cwd = None
                 else:
                     host_cwd = run_cwd
+                cpu_before = self._group.cpu_seconds() if self._group is not None else None
                 try:
                     result = run_capped(
                         launcher(self.limits, self._group) + argv, timeout=timeout,
@@ -154,6 +156,9 @@ class LocalSandbox(ClosesItself):
                     status_write = -1
                     if not _read_all(status_read) and not result.timed_out:
                         raise SandboxError(f"bubblewrap could not start the command: {result.output.strip()[:500]}")
+                cpu_after = self._group.cpu_seconds() if cpu_before is not None and self._group is not None else None
+                if cpu_before is not None and cpu_after is not None:
+                    result = dataclasses.replace(result, cpu_seconds=round(max(0.0, cpu_after - cpu_before), 6))
                 return result
             finally:
                 for fd in (status_read, status_write):

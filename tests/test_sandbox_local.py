@@ -236,6 +236,18 @@ def test_process_limit_is_enforced_before_any_fork_bomb(calc_task):
         sb.close()
 
 
+def test_exec_reports_the_cpu_its_processes_used(calc_sandbox):
+    """CPU of the whole tree, background children included; a sleep costs next to none."""
+    if not _cgroups_active(calc_sandbox):
+        pytest.skip("no CPU accounting cgroup here (not root?)")
+    burn = "python -c 'import time; t = time.process_time(); exec(\"while time.process_time() - t < 0.3: pass\")'"
+    busy = calc_sandbox.exec(f"{burn} & {burn}; wait")
+    assert busy.ok and busy.cpu_seconds is not None and busy.cpu_seconds >= 0.55, busy
+    idle = calc_sandbox.exec("sleep 0.3")
+    assert idle.cpu_seconds is not None and idle.cpu_seconds < 0.1, idle
+    assert calc_sandbox._group.peak_memory_bytes() > 0
+
+
 def test_memory_limit_kills_a_runaway_allocation(calc_task):
     from tasks.backends import make_sandbox
 
