@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shlex
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -60,6 +61,11 @@ DEFAULT_INSTALL = "python -m pip install -e ."
 # names no reqs_path (the first that exists is installed).
 REQS_CANDIDATES = ("requirements.txt", "requirements-dev.txt", "requirements/dev.txt", "requirements/test.txt",
                    "requirements/testing.txt", "test-requirements.txt", "requirements_test.txt")
+
+# SWE-bench runs a spec's ``pre_install`` steps in the repository, just before ``install``. Steps that
+# change the system (packages, locales, /etc) belong to the environment; the others edit the checkout
+# (sphinx's specs pin dependencies by editing setup.py and tox.ini) and so must run where it is.
+_SYSTEM_STEP = re.compile(r"\b(?:apt-get|apt|dpkg|locale-gen|update-locale)\b|>\s*/etc/")
 
 # What SWE-bench keeps outside its rows for its own repositories, per repository and version.
 BUILTIN_SPECS = Path(__file__).with_name("specs") / "swebench.json"
@@ -260,7 +266,8 @@ def environment_from_config(config: Mapping[str, Any], repo: str) -> tuple[Envir
     else:
         packages += _as_list(declared, split=True)
     packages += _as_list(config.get("pip_packages"), split=True)
-    pre_install = _as_list(config.get("pre_install"))
+    pre_install = [s for s in _as_list(config.get("pre_install")) if _SYSTEM_STEP.search(s)]
+    install += [s for s in _as_list(config.get("pre_install")) if not _SYSTEM_STEP.search(s)]
     install += _as_list(config.get("install"))
     python = str(config.get("python") or EnvironmentConfig().python)
     environment = EnvironmentConfig(python=python, packages=list(dict.fromkeys(packages)), pre_install=pre_install,

@@ -397,6 +397,23 @@ def test_swebench_specs_style_django_and_sympy():
     assert spec.format == "sympy" and spec.command == "bin/test -C --verbose" and "conda" in warnings[0]
 
 
+def test_pre_install_steps_that_edit_the_checkout_run_in_it_before_install():
+    """SWE-bench runs pre_install in the repository: sphinx's specs pin dependencies with sed on
+    setup.py, which fails in an environment built without the checkout; apt-get stays a system step."""
+    env, _, _ = environment_from_config({
+        "python": "3.9", "packages": "requirements.txt", "reqs_path": ["requirements.txt"],
+        "pre_install": ["apt-get update && apt-get install -y graphviz", "sed -i 's/Jinja2>=2.3/Jinja2<3.0/' setup.py",
+                        "echo 'en_US UTF-8' > /etc/locale.gen", "locale-gen en_US.UTF-8"],
+        "install": "python -m pip install -e .[test]",
+    }, "sphinx-doc/sphinx")
+    assert env.pre_install == ["apt-get update && apt-get install -y graphviz", "echo 'en_US UTF-8' > /etc/locale.gen",
+                               "locale-gen en_US.UTF-8"]
+    assert env.install == ["python -m pip install -r requirements.txt", "sed -i 's/Jinja2>=2.3/Jinja2<3.0/' setup.py",
+                           "python -m pip install -e .[test]"]
+    sphinx = environment_from_config(builtin_specs()["sphinx-doc/sphinx"]["3.5"], "sphinx-doc/sphinx")[0]
+    assert not any("setup.py" in step or "tox.ini" in step for step in sphinx.pre_install)
+
+
 def test_find_repo_tries_each_layout_and_says_which(tmp_path):
     (tmp_path / "name.git").mkdir()
     (tmp_path / "name.git" / "HEAD").write_text("ref: refs/heads/main\n")
