@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gym_envs.grading.patch_apply import apply_patch  # noqa: E402
 from gym_envs.grading.runners import build_command, changed_test_files  # noqa: E402
 from gym_envs.grading.verifier import InstanceReport, Verifier  # noqa: E402
 from sandboxes import SandboxError  # noqa: E402
@@ -55,18 +57,24 @@ def explain(report: InstanceReport) -> str:
     return "; ".join(p for p in parts if p) or "resolved"
 
 
+def bare_command(task) -> str:
+    """The task's test command on its FAIL_TO_PASS + PASS_TO_PASS tests, as a user would type it:
+    pytest's ids appended (no runtime, junit file or canaries), the other runners' labels or files."""
+    tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+    if task.test_spec.format == "pytest":
+        return f"{task.test_spec.command} {' '.join(shlex.quote(t) for t in tests)}"
+    return build_command(task.test_spec.format, task.test_spec.command, tests, changed_test_files(task.test_patch))
+
+
 def bare_runner(task, factory):
-    """A sandbox with gold and test patches applied, and a function timing one bare test run."""
+    """A sandbox with gold and test patches applied (as the verifier applies them), and a function
+    timing one bare test run."""
     sandbox = factory(task)
     for name, patch in (("gold", task.patch), ("test", task.test_patch)):
-        sandbox.write_file(f".pg-bench-{name}.diff", patch)
-        applied = sandbox.exec(f"git apply .pg-bench-{name}.diff && rm .pg-bench-{name}.diff", timeout=120)
-        if applied.exit_code != 0:
+        if apply_patch(sandbox, patch, fuzzy=True) is None:
             sandbox.close()
-            raise SandboxError(f"the {name} patch does not apply for the bare run: {applied.output[-500:]}")
-    files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
-    tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
-    command = build_command(task.test_spec.format, task.test_spec.command, tests, files)
+            raise SandboxError(f"the {name} patch does not apply for the bare run")
+    command = bare_command(task)
 
     def run() -> float:
         started = time.monotonic()
