@@ -186,6 +186,9 @@ def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
     """The interpreter for ``spec``: this one if it fits, else the newest fitting one on the host
     (uv's managed interpreters included), else one uv downloads where the host can reach them."""
     wanted = spec.specifier()
+    here = _probe(sys.executable)
+    if here is not None and Version(here.version) in wanted:
+        return here  # preferred whenever it fits: no need to start every other interpreter to ask
     fitting = _fitting(wanted)
     if not fitting and installer_choice() != "pip":
         why_not = _uv_python_install(spec.python.strip() if spec.python.strip()[:1].isdigit() else str(wanted))
@@ -199,8 +202,7 @@ def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
             + (f"; {why_not}" if why_not else "") + "); install one (pyenv, a python3.X package), or use "
             "the docker backend, which picks a Debian release whose Python fits"
         )
-    here = [i for i in fitting if i.executable == os.path.realpath(sys.executable)]
-    return here[0] if here else max(fitting, key=lambda i: Version(i.version))
+    return max(fitting, key=lambda i: Version(i.version))
 
 
 def environment_key(spec: EnvironmentSpec, interpreter: Interpreter, checkout_id: str | None) -> str:
