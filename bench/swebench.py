@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gym_envs.grading.patch_apply import apply_patch  # noqa: E402
-from gym_envs.grading.runners import build_command, changed_test_files  # noqa: E402
+from gym_envs.grading.runners import build_command, changed_test_files, pytest_selectors  # noqa: E402
 from gym_envs.grading.verifier import InstanceReport, Verifier  # noqa: E402
 from sandboxes import SandboxError  # noqa: E402
 from tasks.backends import sandbox_factory  # noqa: E402
@@ -62,7 +62,7 @@ def bare_command(task) -> str:
     pytest's ids appended (no runtime, junit file or canaries), the other runners' labels or files."""
     tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
     if task.test_spec.format == "pytest":
-        return f"{task.test_spec.command} {' '.join(shlex.quote(t) for t in tests)}"
+        return f"{task.test_spec.command} {' '.join(shlex.quote(t) for t in pytest_selectors(tests))}"
     return build_command(task.test_spec.format, task.test_spec.command, tests, changed_test_files(task.test_patch))
 
 

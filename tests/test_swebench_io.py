@@ -30,6 +30,7 @@ from gym_envs.grading.runners import (
     django_labels,
     parse_django_log,
     parse_sympy_log,
+    pytest_selectors,
     sympy_command,
 )
 from gym_envs.grading.testrun import run_tests
@@ -339,6 +340,19 @@ def test_run_tests_pytest_command_goes_through_the_runtime():
     assert run.command == command and run.error == "the test runner did not finish"
 
 
+def test_ids_cut_at_a_space_select_their_function_and_grade_by_every_parameter():
+    """SWE-bench publishes ``test_x[a b]`` as ``test_x[a``: pytest exits 4 on that argument and
+    runs nothing, so the function is selected, and the id passes only if every test cut to it does."""
+    assert pytest_selectors(["t.py::test_x[a", "t.py::test_x[b", "t.py::test_y[1]", "t.py::C::test_z"]) == [
+        "t.py::test_x", "t.py::test_y[1]", "t.py::C::test_z"]
+    statuses = {"t.py::test_x[a b]": TestStatus.PASSED, "t.py::test_x[a c]": TestStatus.FAILED,
+                "t.py::test_x[ab]": TestStatus.PASSED, "t.py::test_y[p q]": TestStatus.PASSED}
+    graded = grade(["t.py::test_x[a", "t.py::test_y[p"], [], statuses)
+    assert graded.tests_status["FAIL_TO_PASS"] == {"success": ["t.py::test_y[p"], "failure": ["t.py::test_x[a"]}
+    statuses["t.py::test_x[a c]"] = TestStatus.PASSED
+    assert grade(["t.py::test_x[a"], [], statuses).resolved
+
+
 def test_run_tests_django_and_sympy_read_the_whole_log():
     sandbox = FakeSandbox(DJANGO_PY311, exit_code=1)
     spec = TestSpec(format="django")
@@ -522,8 +536,12 @@ FILES_V1 = {
 }
 FIX = {"minilib/__init__.py": FILES_V1["minilib/__init__.py"].replace("max(lo, x)", "max(lo, min(x, hi))")}
 NEW_TESTS = {
-    "pytest": {"tests/test_basic.py": FILES_V1["tests/test_basic.py"].replace("import add", "import add, clamp")
-               + "\n\ndef test_clamp_high():\n    assert clamp(9, 0, 5) == 5\n"},
+    # test_clamp_pairs's ids have a space, which SWE-bench's log parsers cut: both are published as
+    # "test_clamp_pairs[x", an id pytest cannot select and that stands for both parameters.
+    "pytest": {"tests/test_basic.py": "import pytest\n\n" + FILES_V1["tests/test_basic.py"].replace(
+        "import add", "import add, clamp") + "\n\ndef test_clamp_high():\n    assert clamp(9, 0, 5) == 5\n"
+        + "\n\n@pytest.mark.parametrize('pair', ['x 2', 'x 4'])\ndef test_clamp_pairs(pair):\n"
+        + "    hi = int(pair.split()[1])\n    assert clamp(hi + 10, 0, hi) == hi\n"},
     "django": {"tests/arith/tests.py": FILES_V1["tests/arith/tests.py"].replace("import add", "import add, clamp")
                + "\n    def test_clamp_high(self):\n        self.assertEqual(clamp(9, 0, 5), 5)\n"},
     "sympy": {"minilib/tests/test_core.py": FILES_V1["minilib/tests/test_core.py"].replace(
@@ -573,7 +591,7 @@ def swebench_dataset(tmp_path_factory) -> dict:
         {"repo": "acme/minilib", "instance_id": "acme__minilib-1", "base_commit": base, "patch": patch,
          "test_patch": test_patches["pytest"], "problem_statement": "clamp() ignores the upper bound\n",
          "hints_text": "", "created_at": "2024-03-01T12:00:00Z", "version": "0.1",
-         "FAIL_TO_PASS": json.dumps(["tests/test_basic.py::test_clamp_high"]),
+         "FAIL_TO_PASS": json.dumps(["tests/test_basic.py::test_clamp_high", "tests/test_basic.py::test_clamp_pairs[x"]),
          "PASS_TO_PASS": json.dumps(["tests/test_basic.py::test_add"]),
          "environment_setup_commit": base, "difficulty": "<15 min fix"},
         {"instance_id": "acme__djangoish-2", "base_commit": base, "created_at": "2024-03-01T12:00:00Z",

@@ -70,11 +70,23 @@ def parse_junit(xml_text: str | bytes) -> dict[str, TestStatus]:
     return statuses
 
 
+# Worst first: the status a group of tests that share one id is graded by.
+_SEVERITY = {TestStatus.ERROR: 0, TestStatus.FAILED: 1, TestStatus.SKIPPED: 2, TestStatus.XFAIL: 3,
+             TestStatus.PASSED: 4}
+
+
 def lookup_key(test_id: str, statuses: dict[str, TestStatus]) -> str | None:
-    """The key of ``test_id`` in ``statuses``; tolerates runner-truncated parametrized ids by
-    unique prefix."""
+    """The key of ``test_id`` in ``statuses``; tolerates runner-truncated parametrized ids.
+
+    SWE-bench's log parsers cut an id at its first space (``test_x[a b]`` is recorded as
+    ``test_x[a``), so one published id can stand for several parameters: it takes the key whose
+    status is worst among every key cut so (all must pass). Otherwise an id matches by unique
+    prefix (ids truncated by length)."""
     if test_id in statuses:
         return test_id
+    cut = [k for k in statuses if " " in k and k.split(" ", 1)[0] == test_id]
+    if cut:
+        return min(cut, key=lambda k: _SEVERITY.get(statuses[k], 0))
     if "[" in test_id:
         matches = [k for k in statuses if k.startswith(test_id) or test_id.startswith(k)]
         if len(matches) == 1:

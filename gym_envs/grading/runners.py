@@ -227,6 +227,21 @@ def parse_sympy_log(text: str) -> dict[str, TestStatus]:
     return statuses
 
 
+# --- pytest ---------------------------------------------------------------------------------------
+
+def pytest_selector(test_id: str) -> str:
+    """The command-line argument that runs ``test_id``: the id itself, or, for a parametrized id
+    that was truncated (SWE-bench's log parsers cut ids at the first space, so
+    ``test_x[a b]`` is published as ``test_x[a``), its test function with every parameter: pytest
+    refuses a partial id ("not found", exit 4) and runs nothing at all."""
+    head, bracket, _ = test_id.partition("[")
+    return head if bracket and not test_id.endswith("]") else test_id
+
+
+def pytest_selectors(test_ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(pytest_selector(t) for t in test_ids))
+
+
 # --- commands -------------------------------------------------------------------------------------
 
 def _has_option(command: str, *names: str) -> bool:

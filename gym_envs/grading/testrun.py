@@ -101,7 +101,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         start = spec.command
     ids = integrity.interleave(requested, canaries) if canaries else requested
     command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
-               + " ".join(shlex.quote(t) for t in ids)).rstrip()
+               + " ".join(shlex.quote(t) for t in runners.pytest_selectors(ids))).rstrip()
     result = sandbox.exec(command, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None)
