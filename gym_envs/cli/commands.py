@@ -7,14 +7,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gym_envs.cli.common import (
+    BACKENDS,
     RayAddressOpt,
     RaySandboxOpt,
     TasksOpt,
@@ -26,14 +26,13 @@ from gym_envs.cli.common import (
 )
 from gym_envs.cli.images import images_app
 from gym_envs.cli.runs import register as register_run_commands
-from gym_envs.grading.evaluation import evaluate
-from gym_envs.grading.verifier import InstanceReport, Verifier
-from gym_envs.making.validation import TaskValidation, validate_tasks
-from sandboxes import SandboxError, reap_stale
-from tasks.backends import BACKENDS, sandbox_factory
-from tasks.catalog import TaskSet
-from tasks.model import TaskFileError
-from tasks.predictions import EMPTY, GOLD, load_predictions
+
+# The layers a command drives are imported in its body: every command (and --help) used to import
+# all of them before doing anything.
+if TYPE_CHECKING:
+    from gym_envs.grading.verifier import InstanceReport, Verifier
+    from gym_envs.making.validation import TaskValidation
+    from tasks.catalog import TaskSet
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SWE-bench-style verifiable-reward environments.")
@@ -55,6 +54,9 @@ def _load(tasks: Path | None, ids: list[str] | None = None) -> TaskSet:
 
 
 def _verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local") -> Verifier:
+    from gym_envs.grading.verifier import Verifier
+    from tasks.backends import sandbox_factory
+
     options = backend_options(backend, isolation, ray_address, ray_sandbox)
     try:
         verifier = Verifier(sandbox_factory(backend, **options))
@@ -68,6 +70,8 @@ def _verifier(backend: str, isolation: str, ray_address: str | None = None, ray_
 def _reap(*, docker: bool, every_owner: bool = False) -> dict[str, int]:
     """Remove what dead processes left: local sandboxes and cgroups, and patchgym's containers
     (with ``every_owner``, also those of live processes and of other hosts sharing the engine)."""
+    from sandboxes import SandboxError, reap_stale
+
     removed = {"local": reap_stale(), "docker": 0}
     if docker:
         from sandboxes.docker import gc_containers
@@ -196,6 +200,8 @@ def nemo_gym_init(
 def _validate_with_progress(task_set: TaskSet, verifier: Verifier, *, runs: int, workers: int,
                             failed_word: str) -> list[TaskValidation]:
     """``validate_tasks`` behind a progress bar counting the tasks that failed so far."""
+    from gym_envs.making.validation import validate_tasks
+
     with _progress() as progress:
         bar = progress.add_task("validating", total=len(task_set), status="")
         bad = 0
@@ -255,6 +261,10 @@ def eval_cmd(
     ray_sandbox: RaySandboxOpt = "local",
 ) -> None:
     """Grade predictions and write SWE-bench-style reports."""
+    from gym_envs.grading.evaluation import evaluate
+    from tasks.model import TaskFileError
+    from tasks.predictions import EMPTY, GOLD, load_predictions
+
     everything, task_set = load_selection(tasks, instance_ids)
     try:
         # Checked against the whole task set: a predictions file may cover more than the selection.
@@ -406,7 +416,9 @@ def repos_add(
     from gym_envs.grading.testrun import probe
     from gym_envs.making import repo_setup as rs
     from gym_envs.making.registry import RepoRecord, list_repos, save_repo
-    from tasks.model import TestSpec
+    from sandboxes import SandboxError
+    from tasks.backends import sandbox_factory
+    from tasks.model import TaskFileError, TestSpec
 
     try:
         rs.validate_name(name)
@@ -520,6 +532,8 @@ def tasks_import_swebench(
     defaults (with a warning)."""
     from rich.markup import escape
 
+    from tasks.catalog import TaskSet
+    from tasks.model import TaskFileError
     from tasks.swebench_io import export_row, import_swebench, missing_commits, write_rows
 
     try:
@@ -759,6 +773,8 @@ register_run_commands(app)
 
 
 def main() -> None:
+    from rich.logging import RichHandler
+
     logging.basicConfig(level=os.environ.get("PATCHGYM_LOG", "WARNING").upper(), format="%(message)s",
                         handlers=[RichHandler(console=console, show_path=False)])
     try:

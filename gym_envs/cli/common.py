@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tasks.catalog import TaskSet, UnknownTaskError, load_task_set
-from tasks.model import TaskFileError
+if TYPE_CHECKING:
+    from tasks.catalog import TaskSet
+
+#: The sandbox backends, for help texts: spelt here so that the command line (--help included) does
+#: not import the sandboxes and the task model to describe itself. tests/test_cli.py holds it equal
+#: to tasks.backends.BACKENDS, the list that counts.
+BACKENDS = ("local", "docker", "ray")
 
 console = Console(stderr=True)  # progress, warnings and errors
 out = Console()  # results
@@ -58,6 +63,9 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def load_selection(tasks: Path | None, ids: list[str] | None) -> tuple[TaskSet, TaskSet]:
     """The whole task set and the selected part of it (``ids`` repeated or comma-separated)."""
+    from tasks.catalog import UnknownTaskError, load_task_set
+    from tasks.model import TaskFileError
+
     try:
         task_set = load_task_set(tasks)
         wanted = [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]

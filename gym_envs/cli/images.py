@@ -16,10 +16,7 @@ from rich.table import Table
 
 from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
 from sandboxes import SandboxError
-from sandboxes.docker.client import DEFAULT_RELEASE
 from sandboxes.docker.images import RELEASES
-from tasks.backends import sandbox_spec
-from tasks.model import TaskFileError
 
 images_app = typer.Typer(no_args_is_help=True,
                          help="Docker images: a Debian base (debootstrap, no registry), environments, instances.")
@@ -69,6 +66,8 @@ def bootstrap(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build the base image patchgym/base:<release> with debootstrap from a Debian mirror (no registry)."""
+    from sandboxes.docker.client import DEFAULT_RELEASE
+
     release = _release(release) or DEFAULT_RELEASE  # $PATCHGYM_DEBIAN_RELEASE or bookworm
     images = _images()
     tag = images.base_tag(release)
@@ -93,6 +92,9 @@ def build(
     release: ReleaseOpt = None,
 ) -> None:
     """Build the environment and instance images of every selected task (cached ones are reused)."""
+    from tasks.backends import sandbox_spec
+    from tasks.model import TaskFileError
+
     release = _release(release)
     _, task_set = load_selection(tasks, instance_ids)
     images = _images()

@@ -12,6 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gym_envs.cli.common import (
+    BACKENDS,
     RayAddressOpt,
     RaySandboxOpt,
     TasksOpt,
@@ -21,8 +22,6 @@ from gym_envs.cli.common import (
     load_selection,
     out,
 )
-from gym_envs.rollouts.loop import TOOL_MODES
-from tasks.backends import BACKENDS
 
 trajectories_app = typer.Typer(no_args_is_help=True, help="Episodes of `patchgym run` as training data.")
 
@@ -63,6 +62,7 @@ def run_cmd(
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
     from gym_envs.rollouts.html_report import write_report
+    from gym_envs.rollouts.loop import TOOL_MODES
     from gym_envs.rollouts.model import ModelConfig
     from gym_envs.rollouts.run import RunDirError, RunOptions, run_model
 
