@@ -117,6 +117,9 @@ def test_environment_image_is_built_once_and_has_pytest(client, calc_task, env_t
 
     output = run(client, env_tag, "command -v python; python -m pytest --version")
     assert output.startswith("/opt/venv/bin/python") and "pytest 8.3.5" in output
+    # not the release's own pip (20.3 on bullseye, 23.0 on bookworm), which broke editable installs
+    pip = run(client, env_tag, "python -m pip --version").split()[1]
+    assert pip.startswith("24."), pip
     # build containers are always removed
     assert not client.containers.list(all=True, filters={"label": f"{KIND_LABEL}=build", "ancestor": image.id})
 

@@ -103,6 +103,12 @@ PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_prox
 DEBOOTSTRAP_TIMEOUT = 3600.0
 DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 BUILD_TIMEOUT = 3600.0
+# Debian's venvs come with the pip of their release (20.3 on bullseye): it installs a project with a
+# pyproject.toml in editable mode through ``setup.py develop`` in an isolated build, which today's
+# setuptools turns into a nested ``pip install`` that cannot see pip (every pytest 4.x-8.x checkout
+# failed so). pip 21.3+ installs it with PEP 660; pip 25.1 dropped the ``setup.py develop`` fallback
+# for backends without PEP 660 (pylint 2.15 pins setuptools~=62.6 in its build requirements).
+VENV_PIP = "pip>=21.3,<25"
 LOG_TAIL = 3000
 
 
@@ -653,7 +659,7 @@ def check_python(spec: EnvironmentSpec, base, release: str) -> str:
 
 def environment_key(spec: EnvironmentSpec, base_id: str) -> str:
     return _digest({"base": base_id, "python": spec.python, "packages": list(spec.packages),
-                    "pre_install": list(spec.pre_install)})
+                    "pre_install": list(spec.pre_install), "pip": VENV_PIP})
 
 
 @contextmanager
@@ -693,6 +699,8 @@ def environment_image(spec: EnvironmentSpec, *, release: str | None = None, prog
         with _BuildContainer(base.id, log_file, purpose=tag) as box:
             _report(progress, f"creating {VENV}")
             box.run(["python3", "-m", "venv", VENV], what="creating the venv")
+            box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                     "--upgrade", VENV_PIP], what="upgrading pip in the venv", env=_venv_environ())
             for i, command in enumerate(spec.pre_install, 1):
                 _report(progress, f"pre_install {i}/{len(spec.pre_install)}: {command}")
                 box.run(["bash", "-c", command], what=f"pre_install step {command!r}", env=_venv_environ())
