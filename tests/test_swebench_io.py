@@ -847,3 +847,6 @@ def test_builtin_specs_cover_swebench_and_all_convert():
             assert environment.python and test_spec.command, (repo, version)
             assert test_spec.format == {"django/django": "django", "sympy/sympy": "sympy"}.get(repo, "pytest")
     assert specs["django/django"]["3.0"]["python"].startswith("3.")
+    # flask 2.0's requirements/dev.txt installs sphinx from a git URL; its tests need only tests.txt
+    flask = environment_from_config(specs["pallets/flask"]["2.0"], "pallets/flask")[0]
+    assert flask.install[0] == "python -m pip install -r requirements/tests.txt"
