@@ -132,16 +132,23 @@ def _probe(executable: str) -> Interpreter | None:
 def _probe_self() -> Interpreter | None:
     """:func:`_probe` of the running interpreter, read in this process."""
     import importlib.util
-    import site
-    import sysconfig
 
     if importlib.util.find_spec("venv") is None or importlib.util.find_spec("ensurepip") is None:
         return None
+    return Interpreter(os.path.realpath(sys.executable), sys.version.split()[0], os.path.realpath(sys.base_prefix),
+                       own_site_dirs())
+
+
+def own_site_dirs() -> tuple[str, ...]:
+    """Site directories of the running interpreter and of its base installation: what a sandbox
+    that mounts this interpreter must hide (patchgym and its catalog may be installed there)."""
+    import site
+    import sysconfig
+
     base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
     dirs = site.getsitepackages() + [site.getusersitepackages()]
     dirs += [sysconfig.get_path(k, vars=base) for k in ("purelib", "platlib")]
-    return Interpreter(os.path.realpath(sys.executable), sys.version.split()[0], os.path.realpath(sys.base_prefix),
-                       tuple(os.path.realpath(d) for d in sorted(set(dirs))))
+    return tuple(os.path.realpath(d) for d in sorted(set(dirs)))
 
 
 def uv_python_dir() -> Path:

@@ -142,6 +142,20 @@ class ProcessGroup:
                 continue
         return None
 
+    def oom_kills(self) -> int | None:
+        """How many processes the kernel has killed for the group's memory limit (None where it
+        does not say)."""
+        path = self.dirs.get("memory")
+        for name in ("memory.oom_control", "memory.events"):
+            try:
+                for line in (path / name).read_text().splitlines() if path is not None else ():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+            except (OSError, ValueError):
+                continue
+        return None
+
     def procs_files(self) -> list[str]:
         return sorted({str(p / "cgroup.procs") for p in self.dirs.values()})
 

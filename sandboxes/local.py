@@ -13,24 +13,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shlex
 import shutil
+import signal
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError
+from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
 from .files import read_regular, resolve_in_workspace, write_regular
 from .gitops import Pristine, workspace_diff
+from .init_process import InitProcess, init_interpreter, runtime_dir
 from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
 from .mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
 from .output import DEFAULT_OUTPUT_LIMIT
 from .paths import cache_dir
-from .process import ProcessLimitWatch, run_capped
+from .process import ProcessLimitWatch, kill_process_group, run_capped
 from .reaper import owned_name
 from .repos import copy_checkout, pristine_checkout
 
@@ -90,6 +92,8 @@ class LocalSandbox(ClosesItself):
         self.tmp = self.root / "tmp"
         self._group: ProcessGroup | None = None
         self._bwrap_prefix: list[str] | None = None
+        self._init: InitProcess | None = None
+        self._init_started = False  # the init process has answered once (bubblewrap worked)
         try:
             self._template = pristine_checkout(spec.repo, spec.base_commit)
             self._pristine = _pristine(self._template)
@@ -101,10 +105,18 @@ class LocalSandbox(ClosesItself):
             self._hidden = [Path(p) for p in spec.hidden_paths] + list(self.env.masked) + [
                 cache_dir("checkouts"), cache_dir("mirrors"), cache_dir("sandboxes")]
             self._group = ProcessGroup(self.limits)
-            self._bwrap_prefix = bwrap_prefix(Mounts(
-                workspace=self.workspace, tmp=self.tmp, read_only=list(self.env.mounts),
-                hidden=self._hidden)) if self.isolated else None
+            if self.isolated:
+                init_python, init_prefix, init_site = init_interpreter()
+                self._pids_cgroup = self._group.dirs.get("pids")
+                read_only = list(dict.fromkeys([*self.env.mounts, init_prefix, runtime_dir()]))
+                self._init_argv = [init_python, "-I", "-S", str(runtime_dir() / "sandbox_init.py")]
+                if self._pids_cgroup is not None:
+                    read_only.append(self._pids_cgroup)
+                    self._init_argv.append(str(self._pids_cgroup))
+                self._bwrap_prefix = bwrap_prefix(Mounts(workspace=self.workspace, tmp=self.tmp, read_only=read_only,
+                                                         hidden=list(dict.fromkeys(self._hidden + list(init_site)))))
             self._fill()
+            self._start_init()
         except BaseException:
             self.close()
             raise
@@ -122,48 +134,110 @@ class LocalSandbox(ClosesItself):
     ) -> ExecResult:
         with self._lock:
             self._check_open()
-            workdir = self.workdir
-            run_cwd = workdir if cwd is None else self._sandbox_path(cwd)
-            full_env = self._command_env(env)
-            argv = ["bash", "-c", command]
-            status_read, status_write = os.pipe() if self._bwrap_prefix is not None else (-1, -1)
+            run_cwd = self.workdir if cwd is None else self._sandbox_path(cwd)
+            limit = output_limit or DEFAULT_OUTPUT_LIMIT
+            cpu_before = self._group.cpu_seconds() if self._group is not None else None
+            if self._bwrap_prefix is not None:
+                result = self._exec_in_init(command, timeout, run_cwd, env, limit)
+            else:
+                result = self._exec_plain(command, timeout, run_cwd, env, limit)
+            cpu_after = self._group.cpu_seconds() if cpu_before is not None and self._group is not None else None
+            if cpu_before is not None and cpu_after is not None:
+                result = dataclasses.replace(result, cpu_seconds=round(max(0.0, cpu_after - cpu_before), 6))
+            return result
+
+    def _exec_in_init(self, command: str, timeout: float, cwd: str, env: dict[str, str] | None,
+                      limit: int) -> ExecResult:
+        """Run ``command`` through the sandbox's init process (started again if it is gone)."""
+        if self._init is None:
+            self._start_init()
+        assert self._init is not None
+        start = time.monotonic()
+        oom_before = self._group.oom_kills() if self._group is not None else None
+        request = {"command": command, "cwd": cwd, "env": env or {}, "timeout": timeout, "limit": limit}
+        try:
+            # The init enforces the timeout itself; the margin covers killing what the command left.
+            response = self._init.request(request, start + timeout + 30.0)
+        except TimeoutError:
+            self._stop_init()
+            raise SandboxError(f"sandbox {self.id}: its init process did not answer within {timeout + 30:g}s") from None
+        if response is None:
+            errors = self._stop_init()
+            self._check_open()  # closed from another thread while the command ran
+            if self._group is not None and (self._group.oom_kills() or 0) > (oom_before or 0):
+                return ExecResult(exit_code=-signal.SIGKILL, timed_out=False, duration=time.monotonic() - start,
+                                  output="\n[patchgym: command killed: out of memory (the sandbox's memory limit)]\n")
+            if not self._init_started:
+                raise SandboxError(f"bubblewrap could not start the sandbox: {errors[:500]}")
+            raise SandboxError(f"sandbox {self.id}: its init process died: {errors[:500] or 'no message'}")
+        self._init_started = True
+        if "error" in response:
+            self._stop_init()
+            raise SandboxError(f"sandbox {self.id}: {response.get('message', response['error'])}")
+        return ExecResult(exit_code=response["exit_code"], output=response["output"], timed_out=response["timed_out"],
+                          duration=response["duration"], truncated=response["truncated"])
+
+    def _exec_plain(self, command: str, timeout: float, cwd: str, env: dict[str, str] | None,
+                    limit: int) -> ExecResult:
+        """Without bubblewrap: one launcher per command (cgroups and rlimits, no namespaces)."""
+        try:
+            result = run_capped(launcher(self.limits, self._group) + ["bash", "-c", command], timeout=timeout,
+                                output_limit=limit, cwd=cwd, env=self._command_env(env), kill_tree=self._kill_tree,
+                                watchdog=self._watchdog())
+        except FileNotFoundError as exc:
+            raise SandboxError(f"cannot run command: {exc}") from exc
+        if result.exit_code == 125 and result.output.startswith(LAUNCH_FAILED):
+            raise SandboxError(f"sandbox {self.id} is broken: {result.output.strip()[:500]}")
+        return result
+
+    def _start_init(self) -> None:
+        """Start the init process (not waited for: the first command waits for its greeting)."""
+        if self._bwrap_prefix is None:
+            return
+        env = self._command_env(None)
+        # --as-pid-1: the init is pid 1 of the namespace, so every orphan is its own to kill and reap.
+        argv = launcher(self.limits, self._group) + with_command(self._bwrap_prefix + ["--as-pid-1"], env,
+                                                                 self._init_argv, "/")
+        self._init_started = False
+        try:
+            self._init = InitProcess(argv, env)
+        except OSError as exc:
+            raise SandboxError(f"cannot start sandbox {self.id}: {exc}") from exc
+
+    def command_pids(self) -> set[int]:
+        """Host pids of live processes in the sandbox other than its init process (and the
+        bubblewrap process that holds it): what the agent's commands left running, if anything."""
+        if self._group is None or not self._group.active:
+            return set()
+        init = {self._init.pid} if self._init is not None else set()
+        for pid in list(init):
             try:
-                if self._bwrap_prefix is not None:
-                    # The shell inside the sandbox writes one byte to this pipe before the command
-                    # runs: without it, a failure is bubblewrap's own (infrastructure), whatever
-                    # the output says; with it, it is the command's. The shell, not bubblewrap,
-                    # enters the working directory: one the agent made unreadable fails its command.
-                    started = (f"printf S >&{status_write} && exec {status_write}>&-\n"
-                               f"cd -- {shlex.quote(run_cwd)} || exit 1\n{command}")
-                    argv = with_command(self._bwrap_prefix, full_env, ["bash", "-c", started], "/")
-                    host_cwd = None
-                else:
-                    host_cwd = run_cwd
-                cpu_before = self._group.cpu_seconds() if self._group is not None else None
-                try:
-                    result = run_capped(
-                        launcher(self.limits, self._group) + argv, timeout=timeout,
-                        output_limit=output_limit or DEFAULT_OUTPUT_LIMIT, cwd=host_cwd, env=full_env,
-                        kill_tree=self._kill_tree, pass_fds=(status_write,) if status_write >= 0 else (),
-                        watchdog=self._watchdog(),
-                    )
-                except FileNotFoundError as exc:
-                    raise SandboxError(f"cannot run command: {exc}") from exc
-                if result.exit_code == 125 and result.output.startswith(LAUNCH_FAILED):
-                    raise SandboxError(f"sandbox {self.id} is broken: {result.output.strip()[:500]}")
-                if status_write >= 0:
-                    os.close(status_write)
-                    status_write = -1
-                    if not _read_all(status_read) and not result.timed_out:
-                        raise SandboxError(f"bubblewrap could not start the command: {result.output.strip()[:500]}")
-                cpu_after = self._group.cpu_seconds() if cpu_before is not None and self._group is not None else None
-                if cpu_before is not None and cpu_after is not None:
-                    result = dataclasses.replace(result, cpu_seconds=round(max(0.0, cpu_after - cpu_before), 6))
-                return result
-            finally:
-                for fd in (status_read, status_write):
-                    if fd >= 0:
-                        os.close(fd)
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    init.update(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                pass
+        return self._group.live_pids() - init
+
+    def _stop_init(self) -> str:
+        """Kill the init process and everything in the sandbox; return what it wrote to stderr."""
+        init, self._init = self._init, None
+        if init is None:
+            return ""
+        if self._group is not None and self._group.active:
+            self._group.kill_all()
+        else:
+            kill_process_group(init.proc)
+        errors = init.errors()
+        init.close()
+        return errors
+
+    def usage(self) -> SandboxUsage:
+        """CPU and peak memory of everything the sandbox ran so far (its cgroups; nothing measured
+        without them, or after ``close()``)."""
+        group = self._group
+        if group is None or not group.active:
+            return SandboxUsage()
+        return SandboxUsage(cpu_seconds=group.cpu_seconds(), peak_memory_bytes=group.peak_memory_bytes())
 
     def read_file(self, path: str) -> bytes:
         with self._lock:
@@ -184,9 +258,11 @@ class LocalSandbox(ClosesItself):
     def reset(self) -> None:
         with self._lock:
             self._check_open()
+            self._stop_init()
             self._kill_tree(None)
             self._clear()
             self._fill()
+            self._start_init()
 
     def close(self) -> None:
         if not self._closed and self._group is not None and self._group.active:
@@ -195,6 +271,7 @@ class LocalSandbox(ClosesItself):
             if self._closed:
                 return
             self._closed = True
+            self._stop_init()
             if self._group is not None:
                 self._group.destroy()
             remove_tree(self.root)
@@ -307,13 +384,6 @@ def _pristine(template: Path, *, snapshot: Path | None = None) -> Pristine:
     own = Pristine(shared.git_dir, shared.base, shared.entries)
     own.snapshot(snapshot)
     return own
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _pip_config_dirs() -> list[Path]:

@@ -179,6 +179,17 @@ def run_capped(
             except BlockingIOError:
                 continue
             if not chunk:
+                # A command that closed its output may still be running (coreutils close stdout
+                # before they exit): it ends when its main process does, as it would had its
+                # output stayed open. Killing it now could take its own exit status from it.
+                pause = 0.0002
+                while proc.poll() is None and not (timed_out or killed):
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                    elif watchdog is not None:
+                        killed = watchdog()
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
                 break
             out.feed(chunk)
     finally:

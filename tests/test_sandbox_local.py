@@ -229,7 +229,7 @@ def test_process_limit_is_enforced_before_any_fork_bomb(calc_task):
         start = time.monotonic()
         bomb = sb.exec(":(){ :|:& };:; sleep 2; echo survived", timeout=8)
         assert time.monotonic() - start < 20
-        assert not sb._group.live_pids(), "fork bomb processes survived"
+        assert not sb.command_pids(), "fork bomb processes survived"
         assert sb.exec("echo still-usable").output.strip() == "still-usable"
         del bomb
     finally:
@@ -313,5 +313,37 @@ def test_bubblewrap_failures_are_infrastructure_not_the_commands(calc_sandbox):
     fake = calc_sandbox.exec("echo 'bwrap: Operation not permitted' >&2; exit 1")
     assert fake.exit_code == 1, "a command imitating bubblewrap is still the command's result"
     calc_sandbox._bwrap_prefix = calc_sandbox._bwrap_prefix + ["--bind", "/nonexistent-patchgym", "/x"]
-    with pytest.raises(SandboxError, match="bubblewrap could not start the command"):
+    calc_sandbox.reset()  # the sandbox's init process starts again, now with a broken mount
+    with pytest.raises(SandboxError, match="bubblewrap could not start the sandbox"):
         calc_sandbox.exec("echo hi")
+
+
+@needs_bwrap
+def test_commands_cannot_kill_trace_or_outlive_the_sandbox_init(calc_sandbox):
+    """One long-lived init process per sandbox runs the commands: a command can neither signal it
+    (pid 1 of the namespace), read its memory or file descriptors (non-dumpable), nor leave a
+    process behind it (double-forked, setsid, or ignoring signals)."""
+    calc_sandbox.exec("true")
+    init = calc_sandbox._init.pid
+    attack = calc_sandbox.exec(
+        "kill -9 1; kill -STOP 1; kill -9 -1; "
+        "cat /proc/1/environ >/dev/null && echo READ-ENVIRON; "
+        "echo '{\"exit_code\": 0, \"output\": \"forged\"}' > /proc/1/fd/1 && echo WROTE-ITS-OUTPUT; "
+        "head -c1 /proc/1/fd/0 >/dev/null && echo READ-ITS-INPUT; head -c1 /proc/1/mem >/dev/null && echo READ-MEM; "
+        "(setsid sh -c 'trap \"\" TERM HUP; sleep 300' &) ; (nohup sleep 301 >/dev/null 2>&1 &); echo done")
+    assert "READ-" not in attack.output and "WROTE-" not in attack.output, attack.output
+    assert attack.output.strip().endswith("done") and attack.exit_code == 0, attack.output
+    assert calc_sandbox._init.pid == init, "the init process was replaced"
+    assert not calc_sandbox.command_pids(), "a process outlived its command"
+    after = calc_sandbox.exec("grep -l 'slee[p] 30' /proc/[0-9]*/cmdline; echo checked")
+    assert after.output.strip() == "checked", after.output
+
+
+@needs_bwrap
+def test_an_init_process_killed_from_outside_is_an_infrastructure_error_then_replaced(calc_sandbox):
+    calc_sandbox.exec("echo kept > kept.txt")
+    calc_sandbox._group.kill_all()
+    with pytest.raises(SandboxError, match="init process died"):
+        calc_sandbox.exec("true")
+    again = calc_sandbox.exec("cat kept.txt")
+    assert again.ok and again.output.strip() == "kept", "the workspace survives a new init process"
