@@ -13,8 +13,9 @@ between gold gradings, the same FAIL_TO_PASS + PASS_TO_PASS tests run bare in a 
 gold and test patches are already applied (the same environment; the test command as the task
 states it, without patchgym's runtime, canaries or result checks): the floor that grading can
 approach. Printed: per repository, instances, environments built, gold resolved, empty not
-resolved, and the medians of verify and bare wall time and of their per-instance ratios; every
-failure with its reason.
+resolved, and the medians of verify and bare wall time, of their per-instance ratios, and of the
+grading sandbox's start (inside verify: a fresh sandbox per grading is the isolation rule, and its
+start is the backend's cost, not the runner's); every failure with its reason.
 """
 
 from __future__ import annotations
@@ -115,7 +116,15 @@ def main() -> None:
         print(f"  dropped {dropped.instance_id or dropped.where}: {dropped.reason}")
 
     factory = sandbox_factory(args.backend)
-    verifier = Verifier(factory)
+    starts: list[float] = []  # sandbox starts of the verifier, apart: they are paid per grading
+
+    def timed_factory(task):
+        began = time.monotonic()
+        sandbox = factory(task)
+        starts.append(time.monotonic() - began)
+        return sandbox
+
+    verifier = Verifier(timed_factory)
     results = []
     for n, task in enumerate(tasks, 1):
         row = {"instance_id": task.instance_id, "repo": task.repo, "version": task.version}
@@ -132,6 +141,7 @@ def main() -> None:
         verify_times, bare_times, gold = [], [], []
         try:
             bare()  # warm: the first run also compiles bytecode
+            starts.clear()
             for _ in range(args.repeat):
                 report = verifier.verify(task, task.patch)
                 gold.append(report)
@@ -143,18 +153,20 @@ def main() -> None:
         row |= {"gold_resolved": all(r.resolved for r in gold), "gold_runs_resolved": sum(r.resolved for r in gold),
                 "empty_resolved": empty.resolved, "gold_reason": explain(gold[-1]), "empty_reason": explain(empty),
                 "verify_seconds": round(statistics.median(verify_times), 3),
+                "start_seconds": round(statistics.median(starts), 3) if starts else None,
                 "bare_seconds": round(statistics.median(bare_times), 3)}
         row["ratio"] = round(row["verify_seconds"] / row["bare_seconds"], 2) if row["bare_seconds"] else None
         results.append(row)
         verdict = "ok" if row["gold_resolved"] and not row["empty_resolved"] else "FAILED"
         print(f"[{n}/{len(tasks)}] {task.instance_id}: {verdict} gold {row['gold_runs_resolved']}/{args.repeat} "
               f"empty {'resolved' if row['empty_resolved'] else 'not resolved'}; verify {row['verify_seconds']}s "
-              f"bare {row['bare_seconds']}s (x{row['ratio']}); build {row['build_seconds']}s"
+              f"bare {row['bare_seconds']}s (x{row['ratio']}; sandbox start {row['start_seconds']}s); "
+              f"build {row['build_seconds']}s"
               + ("" if verdict == "ok" else f"; gold: {row['gold_reason']}; empty: {row['empty_reason']}"),
               flush=True)
 
     print(f"\n{'repository':28} {'rows':>4} {'built':>5} {'gold ok':>7} {'empty ok':>8} {'verify':>7} "
-          f"{'bare':>7} {'ratio':>6}")
+          f"{'bare':>7} {'ratio':>6} {'start':>6}")
     by_repo: dict[str, list[dict]] = defaultdict(list)
     for row in results:
         by_repo[row["repo"]].append(row)
@@ -168,7 +180,7 @@ def main() -> None:
             return f"{statistics.median(values):.2f}" if values else "-"
 
         print(f"{repo:28} {len(rows):>4} {len(built):>5} {gold_ok:>7} {empty_ok:>8} {med('verify_seconds'):>7} "
-              f"{med('bare_seconds'):>7} {med('ratio'):>6}")
+              f"{med('bare_seconds'):>7} {med('ratio'):>6} {med('start_seconds'):>6}")
     built = [r for r in results if r["built"]]
     good = sum(r["gold_resolved"] and not r["empty_resolved"] for r in built)
     print(f"\n{good}/{len(built)} built instances validate (gold resolves, empty does not); "
