@@ -12,6 +12,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +105,25 @@ class InitProcess:
             if not chunk:
                 return None
             self._buffer += chunk
+
+    def pids(self) -> set[int]:
+        """Host pids of bubblewrap and of the init process it holds."""
+        found = {self.proc.pid}
+        try:
+            for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+                found.update(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            pass
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL the init process, which makes the kernel end every process of its pid
+        namespace at once, and bubblewrap around it (whose death would end it too)."""
+        for pid in [*(self.pids() - {self.proc.pid}), self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def errors(self) -> str:
         """What it (or bubblewrap) wrote to stderr; call once it has ended."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
+from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
 from .files import read_regular, resolve_in_workspace, write_regular
 from .gitops import Pristine, workspace_diff
@@ -32,7 +32,7 @@ from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
 from .mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
 from .output import DEFAULT_OUTPUT_LIMIT
 from .paths import cache_dir
-from .process import ProcessLimitWatch, kill_process_group, run_capped
+from .process import ProcessLimitWatch, run_capped
 from .reaper import owned_name
 from .repos import copy_checkout, pristine_checkout
 
@@ -162,7 +162,8 @@ class LocalSandbox(ClosesItself):
             self._stop_init()
             raise SandboxError(f"sandbox {self.id}: its init process did not answer within {timeout + 30:g}s") from None
         if response is None:
-            errors = self._stop_init()
+            errors = self._init.errors()
+            self._stop_init()
             self._check_open()  # closed from another thread while the command ran
             if self._group is not None and (self._group.oom_kills() or 0) > (oom_before or 0):
                 return ExecResult(exit_code=-signal.SIGKILL, timed_out=False, duration=time.monotonic() - start,
@@ -209,35 +210,14 @@ class LocalSandbox(ClosesItself):
         bubblewrap process that holds it): what the agent's commands left running, if anything."""
         if self._group is None or not self._group.active:
             return set()
-        init = {self._init.pid} if self._init is not None else set()
-        for pid in list(init):
-            try:
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    init.update(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                pass
-        return self._group.live_pids() - init
+        return self._group.live_pids() - (self._init.pids() if self._init is not None else set())
 
-    def _stop_init(self) -> str:
-        """Kill the init process and everything in the sandbox; return what it wrote to stderr."""
+    def _stop_init(self) -> None:
+        """Kill the init process: the kernel ends every process of its namespace with it."""
         init, self._init = self._init, None
-        if init is None:
-            return ""
-        if self._group is not None and self._group.active:
-            self._group.kill_all()
-        else:
-            kill_process_group(init.proc)
-        errors = init.errors()
-        init.close()
-        return errors
-
-    def usage(self) -> SandboxUsage:
-        """CPU and peak memory of everything the sandbox ran so far (its cgroups; nothing measured
-        without them, or after ``close()``)."""
-        group = self._group
-        if group is None or not group.active:
-            return SandboxUsage()
-        return SandboxUsage(cpu_seconds=group.cpu_seconds(), peak_memory_bytes=group.peak_memory_bytes())
+        if init is not None:
+            init.kill()
+            init.close()
 
     def read_file(self, path: str) -> bytes:
         with self._lock:
@@ -258,8 +238,10 @@ class LocalSandbox(ClosesItself):
     def reset(self) -> None:
         with self._lock:
             self._check_open()
-            self._stop_init()
-            self._kill_tree(None)
+            if self._bwrap_prefix is not None:
+                self._stop_init()  # its namespace dies with it: nothing there can touch the new workspace
+            else:
+                self._kill_tree(None)
             self._clear()
             self._fill()
             self._start_init()
