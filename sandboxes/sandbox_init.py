@@ -19,6 +19,7 @@ import ctypes
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,6 +64,22 @@ def reap_all(timeout: float = 5.0) -> bool:
             time.sleep(0.0005)
 
 
+def clear_ipc() -> None:
+    """Remove what a command could leave without a process: POSIX shared memory (``/dev/shm``)
+    and System V IPC objects. With a namespace per command (as before this init) they died with
+    it; here the namespaces outlive the command, so they are cleared after it instead."""
+    for entry in os.scandir("/dev/shm"):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.unlink(entry.path)
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}") as fh:
+            if len(fh.read().splitlines()) > 1:
+                subprocess.run(["ipcrm", "--all"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+                return
+
+
 def handle(request: dict) -> dict:
     if request.get("op") == "ping":
         return {"pid": os.getpid()}
@@ -74,6 +91,7 @@ def handle(request: dict) -> dict:
                         cwd="/", env=env, kill_tree=end_strays, watchdog=watch)
     if not reap_all():
         return {"error": "survivors", "message": "processes of the command could not be killed"}
+    clear_ipc()
     return {"exit_code": result.exit_code, "output": result.output, "timed_out": result.timed_out,
             "duration": result.duration, "truncated": result.truncated}
 

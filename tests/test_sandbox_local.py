@@ -340,6 +340,16 @@ def test_commands_cannot_kill_trace_or_outlive_the_sandbox_init(calc_sandbox):
 
 
 @needs_bwrap
+def test_shared_memory_and_ipc_objects_do_not_outlive_the_command(calc_sandbox):
+    """What a command can leave without a process (POSIX shm files, System V segments and queues)
+    is gone before the next command, as it was when every command had namespaces of its own."""
+    left = calc_sandbox.exec("head -c 100000 /dev/zero > /dev/shm/stash && ipcmk -M 65536 && ipcmk -Q && ipcs")
+    assert left.ok and "0x" in left.output, left.output
+    after = calc_sandbox.exec("ls -A /dev/shm; ipcs -m | grep -c 0x; ipcs -q | grep -c 0x")
+    assert after.output.split() == ["0", "0"], after.output
+
+
+@needs_bwrap
 def test_an_init_process_killed_from_outside_is_an_infrastructure_error_then_replaced(calc_sandbox):
     calc_sandbox.exec("echo kept > kept.txt")
     calc_sandbox._group.kill_all()
