@@ -158,9 +158,10 @@ def require_docker() -> None:
 def docker_base() -> str:
     """The Debian base image, bootstrapped once (debootstrap + docker import) when missing."""
     require_docker()
-    from sandboxes.docker.images import bootstrap_base
+    from sandboxes.docker.images import base_tag, ensure_base
 
-    return bootstrap_base()
+    ensure_base()
+    return base_tag()
 
 
 @pytest.fixture(params=["local", "docker"])

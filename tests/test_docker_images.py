@@ -41,6 +41,27 @@ def test_each_environment_gets_a_release_whose_python_fits(monkeypatch):
     assert images.release_for(EnvironmentSpec(python="3.7")) == "buster", "a base image bootstrapped by hand"
 
 
+def test_a_base_image_with_other_packages_is_bootstrapped_again_from_its_mirror(monkeypatch):
+    """No Docker needed: a base made before BASE_PACKAGES changed (no compiler) is rebuilt, from the
+    mirror it came from (an Ubuntu base must not be rebuilt from the Debian mirror)."""
+    from sandboxes.docker import images
+
+    class Image:
+        def __init__(self, labels):
+            self.labels, self.id = labels, "sha256:x"
+
+    current = {images.PACKAGES_LABEL: ",".join(images.BASE_PACKAGES), images.MIRROR_LABEL: "http://m/ubuntu"}
+    calls = []
+    monkeypatch.setattr(images, "bootstrap_base", lambda release, **kw: calls.append((release, kw)))
+    monkeypatch.setattr(images, "_image", lambda tag: Image(current))
+    images.ensure_base("jammy")
+    assert calls == []
+    monkeypatch.setattr(images, "_image", lambda tag: Image({images.MIRROR_LABEL: "http://m/ubuntu"}))
+    images.ensure_base("jammy")
+    assert calls == [("jammy", {"mirror": "http://m/ubuntu", "force": True, "progress": None})]
+    assert {"gcc", "python3-dev"} <= set(images.BASE_PACKAGES)
+
+
 def test_host_mirror_reads_deb822_and_one_line_sources(tmp_path):
     from sandboxes.docker.images import DEFAULT_MIRROR, host_mirror
 
@@ -85,8 +106,10 @@ def test_base_image_labels_and_python(client, docker_base):
     assert image.attrs["Config"]["Cmd"] == ["bash"]
     assert "LANG=C.UTF-8" in image.attrs["Config"]["Env"]
     output = run(client, docker_base, "python3 -c 'import sys, venv, ensurepip; print(sys.version_info[:2])'; "
-                                      "git --version; patch --version | head -1; ps -p 1 -o comm=")
+                                      "git --version; patch --version | head -1; ps -p 1 -o comm=; "
+                                      "gcc --version | head -1; test -f /usr/include/python3.11/Python.h && echo headers")
     assert "(3, 11)" in output and "git version" in output and "GNU patch" in output
+    assert "gcc" in output and "headers" in output, "a compiler and Python.h for packages without wheels"
     assert image.labels["org.patchgym.python"].startswith("3.11.")
 
 

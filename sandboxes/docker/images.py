@@ -88,7 +88,12 @@ RELEASES = ("bullseye", "bookworm", "trixie")
 # image exists (once it does, the image's own label is read instead).
 RELEASE_PYTHON = {"bullseye": "3.9.2", "bookworm": "3.11.2", "trixie": "3.13.5"}
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-BASE_PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "procps", "diffutils")
+# A C compiler and the interpreter's headers, as in SWE-bench's base images (build-essential): old
+# pins often have no wheel for the Python they run on (Django's test requirements build pywatchman).
+BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "gcc", "libc6-dev", "git", "patch", "ca-certificates",
+                 "procps", "diffutils")
+PACKAGES_LABEL = "org.patchgym.base-packages"  # what a base image was bootstrapped with
+MIRROR_LABEL = "org.patchgym.mirror"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 VENV = "/opt/venv"
 WORKDIR = "/testbed"
@@ -415,7 +420,7 @@ def bootstrap_base(release: str = DEFAULT_RELEASE, *, mirror: str | None = None,
             python = _python_version_in(root)
             _report(progress, f"importing the root filesystem as {tag} (python {python})")
             labels = {MANAGED_LABEL: "1", KIND_LABEL: "base", PYTHON_LABEL: python,
-                      "org.patchgym.release": release}
+                      "org.patchgym.release": release, PACKAGES_LABEL: ",".join(BASE_PACKAGES), MIRROR_LABEL: mirror}
             changes = [f"ENV PATH={SYSTEM_PATH}", "ENV LANG=C.UTF-8", 'CMD ["bash"]']
             changes += [f"LABEL {k}={v}" for k, v in labels.items()]
             try:
@@ -480,11 +485,15 @@ def release_for(spec: EnvironmentSpec, release: str | None = None) -> str:
     return fitting[0]
 
 
-def _ensure_base(release: str, progress: Progress):
+def ensure_base(release: str = DEFAULT_RELEASE, progress: Progress = None):
+    """The base image of ``release``, bootstrapped when missing, and again (from the mirror it came
+    from) when it was bootstrapped with other packages than :data:`BASE_PACKAGES`."""
     image = _image(base_tag(release))
-    if image is None:
-        _report(progress, f"{base_tag(release)} is missing: bootstrapping it")
-        bootstrap_base(release, progress=progress)
+    labels = (image.labels or {}) if image is not None else {}
+    stale = image is not None and labels.get(PACKAGES_LABEL) != ",".join(BASE_PACKAGES)
+    if image is None or stale:
+        _report(progress, f"{base_tag(release)} is {'out of date' if stale else 'missing'}: bootstrapping it")
+        bootstrap_base(release, mirror=labels.get(MIRROR_LABEL), force=stale, progress=progress)
         image = _image(base_tag(release))
         if image is None:
             raise EnvironmentBuildError(f"{base_tag(release)} is missing after bootstrap")
@@ -688,7 +697,7 @@ def environment_image(spec: EnvironmentSpec, *, release: str | None = None, prog
     """The ``patchgym/env:<hash>`` image for ``spec`` (built once if missing) on ``release``, or on the
     release :func:`release_for` picks; return its tag."""
     release = release_for(spec, release)
-    base = _ensure_base(release, progress)
+    base = ensure_base(release, progress)
     check_python(spec, base, release)
     key = environment_key(spec, base.id)
     tag = f"{ENV_REPO}:{key}"
