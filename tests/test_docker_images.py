@@ -162,6 +162,8 @@ def test_instance_image_has_no_history_after_base(client, calc_task, calc_repo, 
 
     output = run(client, tag, "pwd; git rev-parse HEAD; git status --porcelain")
     assert output.split() == ["/testbed", info["base"]]  # at base, clean
+    # compiled at build (a fresh grading sandbox must not compile the repository again), and ignored
+    assert int(run(client, tag, "find /testbed -path '*/__pycache__/*.pyc' | grep -c calc; true")) > 0
     history = run(client, tag, "git log --all --format=%s; git tag; git reflog --all; git for-each-ref; "
                                f"git cat-file -t {info['fix_commit']} 2>&1; true")
     assert history.splitlines()[:2] == ["Add mean()", "Initial commit: clamp()"]

@@ -98,7 +98,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 VENV = "/opt/venv"
 WORKDIR = "/testbed"
 PRISTINE_DIR = "/var/lib/patchgym/testbed"  # the command server's pristine tree (see agent.py)
-INSTANCE_LAYOUT = 2  # part of the instance key: images older than the pristine tree are rebuilt
+INSTANCE_LAYOUT = 3  # part of the instance key: images older than the pristine tree (2), bytecode (3) are rebuilt
 STANDARD_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE")
 PIP_CONFIG_FILES = ("/etc/pip.conf",)
@@ -767,6 +767,13 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
                 _report(progress, f"install {i}/{len(spec.install)}: {command}")
                 box.run(["bash", "-c", command], what=f"install step {command!r}", workdir=WORKDIR,
                         env=_venv_environ())
+            # Every grading starts from a fresh copy of this tree, and patchgym's pytest runs with -B:
+            # without bytecode here, each grading compiled the repository again (0.3 s for seaborn, more
+            # for sympy) where a developer's venv reuses it. Files a patch changes get a newer mtime,
+            # so Python recompiles those; files that do not compile (test data) are left as they are.
+            _report(progress, "compiling the repository's bytecode")
+            box.run(["sh", "-c", f"{VENV}/bin/python -m compileall -q -j 0 {WORKDIR} >/dev/null 2>&1; true"],
+                    what="compiling bytecode", workdir=WORKDIR)
             parent = posixpath.dirname(PRISTINE_DIR)
             box.run(["sh", "-c", f"mkdir -p {parent} && chmod 700 {parent} && cp -al {WORKDIR} {PRISTINE_DIR}"],
                     what="linking the pristine tree")
