@@ -62,6 +62,20 @@ def test_a_base_image_with_other_packages_is_bootstrapped_again_from_its_mirror(
     assert {"gcc", "python3-dev"} <= set(images.BASE_PACKAGES)
 
 
+def test_ubuntu_releases_are_bootstrapped_with_universe(tmp_path, monkeypatch):
+    """jammy (Python 3.10) failed: python3-venv is in Ubuntu's universe, not main."""
+    from sandboxes.docker import images
+
+    (tmp_path / "gutsy").write_text("")
+    (tmp_path / "sid").write_text("")
+    (tmp_path / "jammy").symlink_to("gutsy")
+    (tmp_path / "bullseye").symlink_to("sid")
+    monkeypatch.setattr(images, "DEBOOTSTRAP_SCRIPTS", tmp_path)
+    jammy = images.debootstrap_argv("jammy", Path("/r"), "http://m/ubuntu")
+    assert "--components=main,universe" in jammy and jammy[-3:] == ["jammy", "/r", "http://m/ubuntu"]
+    assert not any(a.startswith("--components") for a in images.debootstrap_argv("bullseye", Path("/r"), "http://m"))
+
+
 def test_host_mirror_reads_deb822_and_one_line_sources(tmp_path):
     from sandboxes.docker.images import DEFAULT_MIRROR, host_mirror
 

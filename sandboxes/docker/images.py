@@ -375,6 +375,16 @@ def _python_version_in(root: Path) -> str:
     return proc.stdout.strip()
 
 
+def debootstrap_argv(release: str, root: Path, mirror: str) -> list[str]:
+    """debootstrap's command line for a base image. Ubuntu's releases (debootstrap's ``gutsy``
+    script) keep python3-venv in ``universe``; their archive is verified with the host's
+    ubuntu-keyring, as Debian's is with debian-archive-keyring (debootstrap's defaults)."""
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}"]
+    if os.path.basename(os.path.realpath(DEBOOTSTRAP_SCRIPTS / release)) == "gutsy":
+        argv.append("--components=main,universe")
+    return [*argv, release, str(root), mirror]
+
+
 def base_tag(release: str = DEFAULT_RELEASE) -> str:
     return f"{BASE_REPO}:{release}"
 
@@ -411,8 +421,7 @@ def bootstrap_base(release: str = DEFAULT_RELEASE, *, mirror: str | None = None,
         try:
             root.mkdir(parents=True)
             _report(progress, f"debootstrap {release} from {mirror} (minbase + {', '.join(BASE_PACKAGES)})")
-            _run_logged(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-                         release, str(root), mirror], log_file, timeout=DEBOOTSTRAP_TIMEOUT,
+            _run_logged(debootstrap_argv(release, root, mirror), log_file, timeout=DEBOOTSTRAP_TIMEOUT,
                         what=f"debootstrap of {release} from {mirror}")
             _copy_host_trust(root, log_file, progress)
             _report(progress, "cleaning apt caches")
