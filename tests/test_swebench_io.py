@@ -424,8 +424,10 @@ def test_pre_install_steps_that_edit_the_checkout_run_in_it_before_install():
                                "locale-gen en_US.UTF-8"]
     assert env.install == ["python -m pip install -r requirements.txt", "sed -i 's/Jinja2>=2.3/Jinja2<3.0/' setup.py",
                            "python -m pip install -e .[test]"]
-    sphinx = environment_from_config(builtin_specs()["sphinx-doc/sphinx"]["3.5"], "sphinx-doc/sphinx")[0]
+    sphinx, test_spec, _ = environment_from_config(builtin_specs()["sphinx-doc/sphinx"]["3.5"], "sphinx-doc/sphinx")
     assert not any("setup.py" in step or "tox.ini" in step for step in sphinx.pre_install)
+    # tox --current-env runs a venv's interpreter through a link that loses the venv: pytest itself
+    assert test_spec.command == "pytest -rA --durations 25" and not any("tox" in step for step in sphinx.install)
 
 
 def test_find_repo_tries_each_layout_and_says_which(tmp_path):
