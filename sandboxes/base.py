@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from .files import PathOutsideWorkspaceError
 
 __all__ = ["ClosesItself", "EnvironmentBuildError", "ExecResult", "PathOutsideWorkspaceError", "Sandbox",
-           "SandboxClosedError", "SandboxError", "WorkspaceError"]
+           "SandboxClosedError", "SandboxError", "SandboxUsage", "WorkspaceError", "usage_of"]
 
 _Self = TypeVar("_Self", bound="ClosesItself")
 
@@ -39,6 +39,23 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
+class SandboxUsage:
+    """What a sandbox has cost the machine so far: the CPU time (user + system) of every process it
+    ran, ended ones included (its own start-up too, not only commands), and the most memory it held
+    at once. None where the backend cannot measure it."""
+
+    cpu_seconds: float | None = None
+    peak_memory_bytes: int | None = None
+
+
+def usage_of(sandbox: object) -> SandboxUsage:
+    """``sandbox.usage()`` where the backend offers it (an optional part of the protocol, read
+    before ``close()``), else nothing measured."""
+    usage = getattr(sandbox, "usage", None)
+    return usage() if callable(usage) else SandboxUsage()
 
 
 class SandboxError(RuntimeError):
@@ -74,6 +91,10 @@ class Sandbox(Protocol):
     ``workdir`` is the workspace's path as commands inside the sandbox see it (``/testbed`` when
     isolated). File paths given to ``read_file``/``write_file`` are relative to it, or absolute
     inside it.
+
+    Optional: ``usage() -> SandboxUsage``, what the sandbox has cost so far (the local backend,
+    from its cgroups); :func:`usage_of` reads it where it exists. It is not part of this protocol's
+    runtime check, so a backend that cannot measure still is a ``Sandbox``.
     """
 
     workdir: str

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError
+from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
 from .files import read_regular, resolve_in_workspace, write_regular
 from .gitops import Pristine, workspace_diff
@@ -218,6 +218,14 @@ class LocalSandbox(ClosesItself):
         if init is not None:
             init.kill()
             init.close()
+
+    def usage(self) -> SandboxUsage:
+        """CPU and peak memory of everything the sandbox ran so far (its cgroups; nothing measured
+        without them, or after ``close()``)."""
+        group = self._group
+        if group is None or not group.active:
+            return SandboxUsage()
+        return SandboxUsage(cpu_seconds=group.cpu_seconds(), peak_memory_bytes=group.peak_memory_bytes())
 
     def read_file(self, path: str) -> bytes:
         with self._lock:
