@@ -18,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gym_envs.envs.repo_env import RepoEnv
+from gym_envs.grading.cost import EpisodeCost, Prices
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from gym_envs.rollouts.loop import Episode, run_episode
 from gym_envs.rollouts.model import ChatModel, ModelConfig
@@ -38,7 +39,7 @@ class EpisodeOver(RuntimeError):
 class Metrics:
     """The server's Prometheus registry (one per app, so several apps can live in one process)."""
 
-    def __init__(self, manager: SessionManager, queue_depth: Any) -> None:
+    def __init__(self, manager: SessionManager, queue_depth: Any, prices: Prices | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         Gauge("patchgym_sessions_active", "Sessions open.", registry=r).set_function(lambda: len(manager))
@@ -61,6 +62,52 @@ class Metrics:
         self.verifications = Counter("patchgym_verifications_total", "Stateless verifications.", registry=r)
         self.errors = Counter("patchgym_errors_total", "Requests answered with an error, by kind.", ["kind"],
                               registry=r)
+        # What finished episodes cost (gym_envs.grading.cost): sessions' terminal steps, rollouts and
+        # stateless verifications. Means are the totals over patchgym_episodes_costed_total.
+        prices = prices or Prices()
+        Gauge("patchgym_price_core_hour_usd", "Dollars per core-hour the cost figures use.", registry=r).set(
+            prices.core_hour)
+        Gauge("patchgym_price_gb_hour_usd", "Dollars per GB-hour (GiB) of memory the cost figures use.",
+              registry=r).set(prices.gb_hour)
+        self.episodes_costed = Counter("patchgym_episodes_costed_total", "Finished episodes whose cost was measured "
+                                       "(source: session, rollout or verify).", ["source"], registry=r)
+        self.episodes_unmeasured = Counter("patchgym_episodes_unmeasured_total",
+                                           "Finished episodes whose backend could not measure their cost.",
+                                           ["source"], registry=r)
+        self.episode_cpu = Counter("patchgym_episode_cpu_seconds_total",
+                                   "CPU seconds of finished episodes, by part: harness (the environment's own), "
+                                   "agent (its tool calls) and tests (the test runs).", ["part"], registry=r)
+        self.episode_wall = Counter("patchgym_episode_wall_seconds_total", "Wall seconds of finished episodes.",
+                                    registry=r)
+        self.episode_usd = Counter("patchgym_episode_cost_usd_total",
+                                   "Dollars finished episodes cost at the configured prices.", registry=r)
+        cpu_buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+        self.episode_env_cpu = Histogram("patchgym_episode_env_cpu_seconds",
+                                         "CPU seconds per episode apart from its tests (harness + agent).",
+                                         buckets=cpu_buckets, registry=r)
+        self.episode_test_cpu = Histogram("patchgym_episode_test_cpu_seconds", "CPU seconds per episode of its tests.",
+                                          buckets=cpu_buckets, registry=r)
+        self.episode_peak_memory = Histogram(
+            "patchgym_episode_peak_memory_bytes", "Peak memory of an episode's sandboxes.",
+            buckets=tuple(m << 20 for m in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)), registry=r)
+
+    def observe_cost(self, cost: EpisodeCost | dict[str, Any] | None, source: str) -> None:
+        """Count a finished episode's cost (nothing for an episode that never reached one)."""
+        if cost is None:
+            return
+        c = cost if isinstance(cost, EpisodeCost) else EpisodeCost.from_dict(cost)
+        if c.usd_per_1k_episodes is None:
+            self.episodes_unmeasured.labels(source).inc()
+            return
+        self.episodes_costed.labels(source).inc()
+        for part, value in (("harness", c.harness_cpu_seconds), ("agent", c.agent_cpu_seconds),
+                            ("tests", c.test_cpu_seconds)):
+            self.episode_cpu.labels(part).inc(value or 0.0)
+        self.episode_wall.inc(c.wall_seconds)
+        self.episode_usd.inc(c.usd_per_1k_episodes / 1000)
+        self.episode_env_cpu.observe(c.env_cpu_seconds or 0.0)
+        self.episode_test_cpu.observe(c.test_cpu_seconds or 0.0)
+        self.episode_peak_memory.observe(c.peak_memory_bytes or 0)
 
 
 class EnvService:
@@ -70,7 +117,8 @@ class EnvService:
     ``operation_timeout``. ``env_options`` go to every ``RepoEnv``. ``seed_wait``: how long a
     session open from a client that does not retry (NeMo Gym) waits for a free slot.
     ``rollout_idle_ttl``: the idle TTL of such sessions, short, so a rollout its agent abandoned
-    does not hold a slot for long.
+    does not hold a slot for long. ``env_options["prices"]`` (a :class:`Prices`) prices every
+    episode's cost, in its report and in the metrics.
     """
 
     def __init__(self, task_set: TaskSet, *, backend: str, env_options: dict[str, Any], max_sessions: int,
@@ -82,7 +130,9 @@ class EnvService:
         self.env_options.pop("tasks", None)
         self.env_options.pop("backend", None)
         factory = sandbox_factory(backend, **self.env_options.get("sandbox_options", None) or {})
-        self.verifier = Verifier(factory, partial_credit=bool(self.env_options.get("partial_credit", False)))
+        self.prices = self.env_options.get("prices") or Prices()
+        self.verifier = Verifier(factory, partial_credit=bool(self.env_options.get("partial_credit", False)),
+                                 prices=self.prices)
         checked = RepoEnv(task_set, backend=backend, **self.env_options)  # a bad option fails here, not per session
         self.tools: list[dict[str, Any]] = checked.tools
         checked.close()
@@ -94,7 +144,7 @@ class EnvService:
         self.rollout_idle_ttl = rollout_idle_ttl
         self.manager = SessionManager(max_sessions=max_sessions, idle_ttl=idle_ttl,
                                       operation_timeout=operation_timeout)
-        self.metrics = Metrics(self.manager, self.queue_depth)
+        self.metrics = Metrics(self.manager, self.queue_depth, self.prices)
         self._verify_slots: anyio.CapacityLimiter | None = None
 
     def queue_depth(self) -> int:
@@ -166,6 +216,8 @@ class EnvService:
         result = await self._operate(session, run)
         self.metrics.steps.labels(protocol).inc()
         self.metrics.step_latency.observe(time.monotonic() - started)
+        if result[2] or result[3]:
+            self.metrics.observe_cost(result[4].get("cost"), "session")
         return result
 
     async def reset(self, session: Session, *, task_id: str | None = None,
@@ -237,8 +289,10 @@ class EnvService:
         # episode ends graded rather than abandoned (an abandoned thread would go on calling the model).
         deadline = time.monotonic() + 0.8 * self.operation_timeout
         try:
-            return await self._operate(session, lambda: run_episode(session.env, chat, task_id, max_turns=max_turns,
-                                                                    tool_mode=tool_mode, deadline=deadline))
+            episode = await self._operate(session, lambda: run_episode(session.env, chat, task_id, max_turns=max_turns,
+                                                                       tool_mode=tool_mode, deadline=deadline))
+            self.metrics.observe_cost(episode.cost, "rollout")
+            return episode
         finally:
             chat.close()
             await self.manager.close(session)
@@ -258,6 +312,7 @@ class EnvService:
         except TimeoutError:
             raise OperationTimeout(f"verification ran past its {self.operation_timeout:g}s deadline") from None
         self.metrics.verifications.inc()
+        self.metrics.observe_cost(report.cost, "verify")
         return report
 
 

@@ -24,7 +24,9 @@ import pytest
 from gym_envs.rollouts.html_report import (
     MAX_OUTPUT_CHARS,
     fmt_cost,
+    fmt_cpu,
     fmt_int,
+    fmt_mib,
     fmt_rate,
     fmt_seconds,
     render_report,
@@ -205,12 +207,18 @@ def test_numbers_in_the_dom_are_report_json(pages):
         "masked": ("masked", fmt_int), "scored": ("scored", fmt_int), "completed": ("completed", fmt_int),
         "total": ("total", fmt_int), "tokens-in": ("tokens_in", fmt_int), "tokens-out": ("tokens_out", fmt_int),
         "cost": ("cost_usd", fmt_cost), "wall-seconds": ("wall_seconds", fmt_seconds),
-        "env-cpu-seconds": ("env_cpu_seconds", fmt_seconds), "steps-total": ("steps_total", fmt_int),
+        "steps-total": ("steps_total", fmt_int),
     }
     for elem_id, (key, fmt) in ids.items():
         node = dom.by_id(elem_id)
         assert json.loads(node.attrs["data-value"]) == rep[key], elem_id
         assert node.text().strip() == fmt(rep[key]), elem_id
+    cost_ids = {"env-cpu-seconds": ("env_cpu_seconds_mean", fmt_cpu), "test-cpu-seconds": ("test_cpu_seconds_mean", fmt_cpu),
+                "peak-memory": ("peak_memory_bytes_max", fmt_mib), "env-usd-per-1k": ("usd_per_1k_episodes", fmt_cost)}
+    for elem_id, (key, fmt) in cost_ids.items():
+        node = dom.by_id(elem_id)
+        assert json.loads(node.attrs["data-value"]) == rep["cost"][key], elem_id
+        assert node.text().strip() == fmt(rep["cost"][key]), elem_id
     assert dom.by_id("model").text() == rep["model"]
     assert dom.by_id("unresolved").text() == fmt_int(rep["scored"] - rep["resolved"])
     ci = dom.by_id("ci95")
@@ -221,13 +229,14 @@ def test_numbers_in_the_dom_are_report_json(pages):
                                                                                         "$0.0123")
     columns = [("instance_id", str), ("outcome", str), ("end_reason", str), ("steps", fmt_int),
                ("wall_seconds", fmt_seconds), ("tokens_in", fmt_int), ("tokens_out", fmt_int),
-               ("cost_usd", fmt_cost)]
+               ("cost_usd", fmt_cost), ("cost.env_cpu_seconds", fmt_cpu), ("cost.test_cpu_seconds", fmt_cpu)]
     heads = [th.attrs["data-key"] for th in dom.by_id("tasks").find_all("th")]
     assert heads == [c for c, _ in columns]
     rows = dom.by_id("tasks").find_all("tbody")[0].find_all("tr")
     for tr, inst in zip(rows, rep["instances"], strict=True):
         cells = [td.text().strip() for td in tr.find_all("td")]
-        assert cells == [fmt(inst[key]) for key, fmt in columns], inst["instance_id"]
+        values = [inst["cost"][key[5:]] if key.startswith("cost.") else inst[key] for key, _ in columns]
+        assert cells == [fmt(v) for v, (_, fmt) in zip(values, columns, strict=True)], inst["instance_id"]
     for chart, key in (("chart-steps", "steps"), ("chart-wall", "wall_seconds")):
         bars = [json.loads(r.attrs["data-value"]) for r in dom.by_id(chart).find_all("rect")]
         assert bars == [inst[key] for inst in rep["instances"]]
@@ -315,7 +324,7 @@ def test_missing_and_partial_files_are_noted(tmp_path):
     masked = dom.find_all("details", data_instance_id="patchgym__tomlette-3")[0].text()
     assert "masked" in masked  # its line was cut: no trajectory, but the mask reason from report.json
     cells = [td.text() for td in dom.find_all("tr", data_instance_id="late-1")[0].find_all("td")]
-    assert cells[3:] == ["—"] * 5
+    assert cells[3:] == ["—"] * 7  # steps, wall, tokens, cost, env and test CPU
 
     run = sample_copy(tmp_path, "ungraded")
     dom = parse(render_report(run))
@@ -347,7 +356,8 @@ def synthetic_run(run_dir: Path, tasks: int, steps: int, output_chars: int = 150
         outcome = ("resolved", "unresolved", "masked")[t % 3]
         row = {"instance_id": iid, "outcome": outcome, "end_reason": "submitted", "reward": float(t % 3 == 0),
                "steps": steps, "wall_seconds": 10.0 + t % 17, "tokens_in": 1000 * steps, "tokens_out": 100 * steps,
-               "cost_usd": 0.001 * steps, "env_cpu_seconds": 1.5, "mask_reason": None}
+               "cost_usd": 0.001 * steps, "cost": {"env_cpu_seconds": 1.5, "test_cpu_seconds": 2.0},
+               "mask_reason": None}
         rows.append(row)
         msgs = [{"role": "system", "content": "You are an agent." * 20}, {"role": "user", "content": "issue " * 200}]
         for s in range(steps):
@@ -363,7 +373,7 @@ def synthetic_run(run_dir: Path, tasks: int, steps: int, output_chars: int = 150
     (run_dir / "report.json").write_text(json.dumps({
         "model": "m", "total": tasks, "completed": tasks, "resolved": tasks // 3, "masked": tasks // 3,
         "scored": tasks - tasks // 3, "resolved_rate": 0.5, "ci95": [0.45, 0.55], "tokens_in": 1, "tokens_out": 1,
-        "cost_usd": 1.0, "wall_seconds": 1.0, "env_cpu_seconds": 1.0, "steps_total": tasks * steps,
+        "cost_usd": 1.0, "wall_seconds": 1.0, "cost": {"env_cpu_seconds_mean": 1.0}, "steps_total": tasks * steps,
         "instances": rows}))
 
 

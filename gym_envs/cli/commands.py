@@ -15,6 +15,8 @@ from rich.table import Table
 
 from gym_envs.cli.common import (
     BACKENDS,
+    PriceCoreHourOpt,
+    PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
     TasksOpt,
@@ -23,9 +25,11 @@ from gym_envs.cli.common import (
     fail,
     load_selection,
     out,
+    prices,
 )
 from gym_envs.cli.images import images_app
 from gym_envs.cli.runs import register as register_run_commands
+from gym_envs.grading.cost import DEFAULT_PRICE_CORE_HOUR, DEFAULT_PRICE_GB_HOUR, Prices
 
 # The layers a command drives are imported in its body: every command (and --help) used to import
 # all of them before doing anything.
@@ -53,13 +57,14 @@ def _load(tasks: Path | None, ids: list[str] | None = None) -> TaskSet:
     return load_selection(tasks, ids)[1]
 
 
-def _verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local") -> Verifier:
+def _verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local",
+              price: Prices | None = None) -> Verifier:
     from gym_envs.grading.verifier import Verifier
     from tasks.backends import sandbox_factory
 
     options = backend_options(backend, isolation, ray_address, ray_sandbox)
     try:
-        verifier = Verifier(sandbox_factory(backend, **options))
+        verifier = Verifier(sandbox_factory(backend, **options), prices=price)
     except ValueError as exc:
         fail(str(exc))
         raise
@@ -259,8 +264,10 @@ def eval_cmd(
     force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
     ray_address: RayAddressOpt = None,
     ray_sandbox: RaySandboxOpt = "local",
+    price_core_hour: PriceCoreHourOpt = DEFAULT_PRICE_CORE_HOUR,
+    price_gb_hour: PriceGbHourOpt = DEFAULT_PRICE_GB_HOUR,
 ) -> None:
-    """Grade predictions and write SWE-bench-style reports."""
+    """Grade predictions and write SWE-bench-style reports, with what each instance's grading cost."""
     from gym_envs.grading.evaluation import evaluate
     from tasks.model import TaskFileError
     from tasks.predictions import EMPTY, GOLD, load_predictions
@@ -276,7 +283,7 @@ def eval_cmd(
         fail("no predictions for the selected instances")
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
     output = output or Path("patchgym-runs") / name
-    verifier = _verifier(backend, isolation, ray_address, ray_sandbox)
+    verifier = _verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
     counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
     with _progress() as progress:
         bar = progress.add_task("evaluating", total=len(preds), status="")
@@ -297,6 +304,12 @@ def eval_cmd(
     if summary.resumed_ids:
         table.add_row("resumed (not re-run)", str(len(summary.resumed_ids)))
     out.print(table)
+    cost = report["cost"]
+    if cost and cost["usd_per_1k_episodes"] is not None:
+        out.print(f"per instance: env CPU {cost['env_cpu_seconds_mean']:.3f}s, "
+                  f"test CPU {cost['test_cpu_seconds_mean']:.3f}s, "
+                  f"peak memory {(cost['peak_memory_bytes_max'] or 0) / 2**20:.0f} MiB at most; "
+                  f"${cost['usd_per_1k_episodes']:.4f} per 1,000 instances", highlight=False)
     for instance_id in report["error_ids"]:
         out.print(f"[red]error[/] {instance_id}: see {output / instance_id / 'report.json'}")
     out.print(f"report: {output / 'report.json'}")
@@ -735,6 +748,8 @@ def serve(
         "--output-limit", min=256, help="Characters of command output kept per step.")] = 16_000,
     ray_address: RayAddressOpt = None,
     ray_sandbox: RaySandboxOpt = "local",
+    price_core_hour: PriceCoreHourOpt = DEFAULT_PRICE_CORE_HOUR,
+    price_gb_hour: PriceGbHourOpt = DEFAULT_PRICE_GB_HOUR,
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""
@@ -752,7 +767,7 @@ def serve(
     from server.app import create_app  # lazily: gym_envs knows nothing of HTTP
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
-                   "output_limit": output_limit}
+                   "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour)}
     if backend == "ray" or ray_address:
         env_options["sandbox_options"] = backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox)
     try:

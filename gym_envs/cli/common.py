@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gym_envs.grading.cost import Prices
+
 if TYPE_CHECKING:
     from tasks.catalog import TaskSet
 
@@ -21,6 +23,20 @@ console = Console(stderr=True)  # progress, warnings and errors
 out = Console()  # results
 
 TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
+
+
+PriceCoreHourOpt = Annotated[float, typer.Option(
+    "--price-core-hour", min=0, help="Dollars per core-hour of CPU, for each episode's cost (default: AWS Fargate's).")]
+PriceGbHourOpt = Annotated[float, typer.Option(
+    "--price-gb-hour", min=0, help="Dollars per GB-hour of memory, for each episode's cost (default: AWS Fargate's).")]
+
+
+def prices(core_hour: float, gb_hour: float) -> Prices:
+    """The prices the --price-* flags give (an impossible one is the user's error)."""
+    try:
+        return Prices(core_hour=core_hour, gb_hour=gb_hour)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 RayAddressOpt = Annotated[str | None, typer.Option(

@@ -13,6 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gym_envs.cli.common import (
     BACKENDS,
+    PriceCoreHourOpt,
+    PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
     TasksOpt,
@@ -21,7 +23,9 @@ from gym_envs.cli.common import (
     fail,
     load_selection,
     out,
+    prices,
 )
+from gym_envs.grading.cost import DEFAULT_PRICE_CORE_HOUR, DEFAULT_PRICE_GB_HOUR
 
 trajectories_app = typer.Typer(no_args_is_help=True, help="Episodes of `patchgym run` as training data.")
 
@@ -58,6 +62,8 @@ def run_cmd(
     backend: Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")] = "local",
     ray_address: RayAddressOpt = None,
     ray_sandbox: RaySandboxOpt = "local",
+    price_core_hour: PriceCoreHourOpt = DEFAULT_PRICE_CORE_HOUR,
+    price_gb_hour: PriceGbHourOpt = DEFAULT_PRICE_GB_HOUR,
 ) -> None:
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
@@ -82,7 +88,8 @@ def run_cmd(
                          time_limit=time_limit, tool_mode=tool_mode, backend=backend,
                          env_options={"sandbox_options": backend_options(backend, ray_address=ray_address,
                                                                          ray_sandbox=ray_sandbox)},
-                         input_per_mtok=price_in, output_per_mtok=price_out)
+                         input_per_mtok=price_in, output_per_mtok=price_out,
+                         prices=prices(price_core_hour, price_gb_hour))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task(model, total=len(task_set), status="")
@@ -101,6 +108,10 @@ def run_cmd(
     ci = "" if not report["ci95"] else f" (95% CI {report['ci95'][0]:.1%}–{report['ci95'][1]:.1%})"
     out.print(f"resolved {report['resolved']}/{report['scored']} scored = {rate}{ci}; masked {report['masked']}; "
               f"tokens {report['tokens_in']} in / {report['tokens_out']} out; ${report['cost_usd']:.4f}")
+    cost = report["cost"]
+    if cost["usd_per_1k_episodes"] is not None:
+        out.print(f"environment per episode: env CPU {cost['env_cpu_seconds_mean']:.3f}s, test CPU "
+                  f"{cost['test_cpu_seconds_mean']:.3f}s; ${cost['usd_per_1k_episodes']:.4f} per 1,000 episodes")
     out.print(f"predictions: {output / 'predictions.jsonl'}  report: {output / 'report.json'}  html: {html}")
     if report["masked"]:
         out.print(f"{report['masked']} masked episode(s) (endpoint or environment failures) run again on a rerun")

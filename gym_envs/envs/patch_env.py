@@ -1,7 +1,8 @@
 """``patchgym/PatchEnv-v0``: one step, the action is a unified diff, the reward is the verifier's.
 
 For models that answer a bug report with a patch in one go (SWE-bench's single-turn setting, or RL
-on patch generation). No sandbox is held between reset and step: grading makes its own.
+on patch generation). No sandbox is held between reset and step: grading makes its own, and the
+step's ``info["cost"]`` is what grading cost (:mod:`gym_envs.grading.cost`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gym_envs.envs.common import (
     task_briefing,
 )
 from gym_envs.envs.spaces import UnicodeText
+from gym_envs.grading.cost import Prices
 from gym_envs.grading.verifier import Verifier
 from tasks.backends import sandbox_factory
 from tasks.catalog import TaskSet
@@ -45,9 +47,11 @@ class PatchEnv(gym.Env[str, str]):
         backend: str = "local",
         partial_credit: bool = False,
         sandbox_options: dict[str, Any] | None = None,
+        prices: Prices | None = None,
     ) -> None:
         self.task_set = resolve_tasks(tasks)
-        self.verifier = Verifier(sandbox_factory(backend, **(sandbox_options or {})), partial_credit=partial_credit)
+        self.verifier = Verifier(sandbox_factory(backend, **(sandbox_options or {})), partial_credit=partial_credit,
+                                 prices=prices)
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self.task: Task | None = None
@@ -70,6 +74,7 @@ class PatchEnv(gym.Env[str, str]):
         report = self.verifier.verify(self.task, patch, run_empty=True)
         info = {"step": 1, "invalid_action": not report.patch_successfully_applied, "error": report.error}
         info.update(grading_info(report, patch))
+        info["cost"] = report.cost.to_dict() if report.cost is not None else None
         if report.infrastructure_failure:
             text = f"The patch could not be graded: {report.infrastructure_failure_reason}"
         elif not report.patch_successfully_applied:

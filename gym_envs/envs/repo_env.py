@@ -3,7 +3,8 @@
 The agent works through tool calls (``bash``, ``str_replace_editor``, ``submit``) in a sandbox at
 the task's base commit. Reward is 0 until the terminal step, where the verifier grades the
 workspace's diff in a fresh sandbox: nothing the agent left behind in its own sandbox can touch
-the grading run.
+the grading run. The terminal step's ``info["cost"]`` is what the whole episode cost, grading
+included (:mod:`gym_envs.grading.cost`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from gym_envs.envs.common import (
 )
 from gym_envs.envs.spaces import UnicodeText
 from gym_envs.envs.tools import StrReplaceEditor, ToolError
+from gym_envs.grading.cost import CostMeter, Prices
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
+from sandboxes.base import usage_of
 from tasks.backends import sandbox_factory
 from tasks.catalog import TaskSet
 from tasks.model import Task
@@ -74,6 +77,7 @@ class RepoEnv(gym.Env[str, Any]):
         partial_credit: reward = fraction of FAIL_TO_PASS passing (0 if a PASS_TO_PASS breaks).
         command_timeout: seconds a ``bash`` call may run.
         output_limit: characters of tool output returned (head and tail kept).
+        prices: dollars per core-hour and GB-hour for ``info["cost"]`` (default: :class:`Prices`).
 
     Observations are text. Actions are tool calls, ``{"name": ..., "arguments": {...}}`` as a dict
     or a JSON string. ``info["invalid_action"]`` flags a call that could not be carried out (the
@@ -94,6 +98,7 @@ class RepoEnv(gym.Env[str, Any]):
         command_timeout: float = 120.0,
         output_limit: int = 16_000,
         sandbox_options: dict[str, Any] | None = None,
+        prices: Prices | None = None,
     ) -> None:
         if max_steps < 1:
             raise ValueError("max_steps must be at least 1")
@@ -104,7 +109,8 @@ class RepoEnv(gym.Env[str, Any]):
         self.command_timeout = command_timeout
         self.output_limit = output_limit
         self._factory = sandbox_factory(backend, **(sandbox_options or {}))
-        self.verifier = Verifier(self._factory, partial_credit=partial_credit)
+        self.prices = prices or Prices()
+        self.verifier = Verifier(self._factory, partial_credit=partial_credit, prices=self.prices)
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self.task: Task | None = None
@@ -115,6 +121,7 @@ class RepoEnv(gym.Env[str, Any]):
         self._step_started = 0.0
         self._done = True
         self._start_error: str | None = None
+        self._meter: CostMeter | None = None
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -131,6 +138,11 @@ class RepoEnv(gym.Env[str, Any]):
         """
         super().reset(seed=seed)
         self._close_sandbox()
+        self._meter = CostMeter()
+        with self._meter.charging():
+            return self._reset(options)
+
+    def _reset(self, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
         self.task = choose_task(self.task_set, self.np_random, options)
         self._steps = 0
         self._started = time.monotonic()
@@ -157,8 +169,16 @@ class RepoEnv(gym.Env[str, Any]):
         return fit_observation(observation), info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._done or self.task is None:
+        if self._done or self.task is None or self._meter is None:
             raise RuntimeError("the episode is over (or was never started): call reset()")
+        meter = self._meter
+        with meter.charging():
+            observation, reward, terminated, truncated, info = self._step(action)
+        if self._done:
+            info["cost"] = meter.result(self.prices).to_dict()
+        return observation, reward, terminated, truncated, info
+
+    def _step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._steps += 1
         self._step_started = time.monotonic()
         info: dict[str, Any] = {"step": self._steps, "tool": None, "invalid_action": False, "error": None,
@@ -197,6 +217,25 @@ class RepoEnv(gym.Env[str, Any]):
     # -- internals ------------------------------------------------------------------------
 
     def _run_tool(self, name: str, arguments: dict[str, Any], info: dict[str, Any]) -> str:
+        """Carry out a tool call; the sandbox's CPU meanwhile is the agent's (where the sandbox
+        cannot say, a bash command's own CPU, and the editor's is unknown)."""
+        assert self.sandbox is not None and self._meter is not None
+        before = usage_of(self.sandbox).cpu_seconds
+        results: list[ExecResult] = []
+        try:
+            return self._call_tool(name, arguments, info, results)
+        finally:
+            after = usage_of(self.sandbox).cpu_seconds if self.sandbox is not None else None
+            if before is not None and after is not None:
+                self._meter.add_agent(after - before)
+            elif name == StrReplaceEditor.name:
+                self._meter.add_agent(None)  # its helper commands ran unmeasured
+            else:
+                self._meter.add_agent(sum(r.cpu_seconds for r in results)
+                                      if all(r.cpu_seconds is not None for r in results) else None)
+
+    def _call_tool(self, name: str, arguments: dict[str, Any], info: dict[str, Any],
+                   results: list[ExecResult]) -> str:
         assert self.sandbox is not None and self.editor is not None
         if name == "bash":
             command = arguments.get("command")
@@ -206,6 +245,7 @@ class RepoEnv(gym.Env[str, Any]):
             if extra:
                 raise InvalidAction(f"bash got unexpected arguments: {', '.join(sorted(extra))}")
             result = self.sandbox.exec(command, timeout=self.command_timeout, output_limit=self.output_limit)
+            results.append(result)
             info["exit_code"] = result.exit_code
             return format_exec(result)
         if name == StrReplaceEditor.name:
@@ -235,6 +275,8 @@ class RepoEnv(gym.Env[str, Any]):
             return self._finish(report, None, info, truncated=truncated, observation=observation)
         self._close_sandbox()  # grading uses a fresh sandbox; free this one first
         report = self.verifier.verify(self.task, patch, run_empty=True)
+        if self._meter is not None:
+            self._meter.include(report.cost)
         return self._finish(report, patch, info, truncated=truncated, observation=observation)
 
     def _finish(self, report: InstanceReport, patch: str | None, info: dict[str, Any], *, truncated: bool,
@@ -259,6 +301,8 @@ class RepoEnv(gym.Env[str, Any]):
     def _close_sandbox(self) -> None:
         sandbox, self.sandbox, self.editor = self.sandbox, None, None
         if sandbox is not None:
+            if self._meter is not None:
+                self._meter.sandbox_closed(usage_of(sandbox))
             sandbox.close()
 
 

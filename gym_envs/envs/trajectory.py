@@ -18,7 +18,8 @@ class TrajectoryRecorder(gym.Wrapper):
     """Append each episode to ``path`` as one JSON line.
 
     A line holds the task, the first observation and its info, every step (action, observation,
-    reward, termination, timing), the final reward and the verifier's report. An episode cut short
+    reward, termination, timing), the final reward, the verifier's report and what the episode
+    cost (``cost``: :mod:`gym_envs.grading.cost`). An episode cut short
     by ``reset()`` or ``close()`` is still written, with ``"finished": false``. ``metadata`` (for
     instance the model name and sampling settings) is copied into every line.
     """
@@ -62,6 +63,7 @@ class TrajectoryRecorder(gym.Wrapper):
                     "reward": float(reward), "resolved": info.get("resolved"),
                     "infrastructure_failure": info.get("infrastructure_failure", False),
                     "report": _jsonable(info.get("report")), "patch": info.get("patch"),
+                    "cost": _jsonable(info.get("cost")),
                 })
                 self._flush(finished=True)
         self._last_step = time.monotonic()

@@ -1,7 +1,8 @@
 """Evaluate predictions on a task set: SWE-bench's run reports, in parallel, resumable.
 
 Writes ``DIR/<instance_id>/report.json`` (plus the applied patch and the test log beside it) for
-each instance and ``DIR/report.json`` for the run, with SWE-bench's counts and id lists.
+each instance and ``DIR/report.json`` for the run, with SWE-bench's counts and id lists, and what
+grading cost per instance (``cost``, :func:`gym_envs.grading.cost.summarize`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gym_envs.grading.cost import summarize
 from gym_envs.grading.parallel import run_parallel
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from tasks.catalog import TaskSet
@@ -39,6 +41,7 @@ class RunSummary:
     error_ids: list[str] = field(default_factory=list)
     resumed_ids: list[str] = field(default_factory=list)  # already reported by an earlier run
     seconds: float = 0.0
+    cost: dict[str, Any] | None = None  # per instance graded: gym_envs.grading.cost.summarize
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -50,6 +53,7 @@ class RunSummary:
         out["resumed_ids"] = sorted(self.resumed_ids)
         out["schema_version"] = 2
         out["seconds"] = round(self.seconds, 2)
+        out["cost"] = self.cost
         return out
 
 
@@ -143,5 +147,7 @@ def evaluate(
         summary.completed_ids.append(instance_id)
         (summary.resolved_ids if report.resolved else summary.unresolved_ids).append(instance_id)
     summary.seconds = time.monotonic() - started
+    summary.cost = summarize([reports[i].cost for i in summary.submitted_ids if reports[i].cost is not None],
+                             verifier.prices)
     (output / REPORT_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
     return summary

@@ -43,6 +43,9 @@ class TestRun:
     tampering: str | None = None
     canaries: bool = False  # the run included a canary that must fail, so it must exit 1
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL without an xfail marker
+    # CPU time of the test command's whole process tree (None where the backend cannot measure it):
+    # the tests' own cost, kept apart from the environment's (gym_envs.grading.cost).
+    cpu_seconds: float | None = None
 
     @property
     def passed(self) -> set[str]:
@@ -104,7 +107,8 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
                + " ".join(shlex.quote(t) for t in runners.pytest_selectors(ids))).rstrip()
     result = sandbox.exec(command, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
-                  exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None)
+                  exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None,
+                  cpu_seconds=result.cpu_seconds)
     junit_statuses = _read_results(sandbox, junit, run, parse_junit, "junit report")
     record = (_read_results(sandbox, results, run, integrity.parse_record, "results")
               if invocation is not None else None)
@@ -193,7 +197,7 @@ def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     script = f'{{ {command}\n}} 2>&1 | tee {log_file}; exit "${{PIPESTATUS[0]}}"'
     result = sandbox.exec(script, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
-                  exit_code=result.exit_code, timed_out=result.timed_out)
+                  exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds)
     try:
         text = sandbox.read_file(log_file).decode("utf-8", errors="replace")
     except OSError:

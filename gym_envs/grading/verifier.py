@@ -7,7 +7,8 @@
    written to a path the agent cannot predict (Django's and SymPy's runners: from their verbose
    output, see :mod:`.runners`), and cross-checked with the runner's exit code.
 4. A report in SWE-bench's fields, with infrastructure failures (environment build, sandbox crash)
-   kept apart from the agent's, so a trainer can mask them instead of scoring them 0.
+   kept apart from the agent's, so a trainer can mask them instead of scoring them 0, and what the
+   grading cost (``cost``: :mod:`.cost`, the tests' CPU apart from the harness's).
 
 A test run that times out is the agent's failure (reward 0), not infrastructure: otherwise a
 policy could learn to hang whenever it is unsure and have the sample masked.
@@ -21,12 +22,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from gym_envs.grading.cost import CostMeter, EpisodeCost, Prices
 from gym_envs.grading.outcome import grade
 from gym_envs.grading.patch_apply import GIT_APPLY, PATCH_FILE, apply_patch
 from gym_envs.grading.patches import PatchError, filter_agent_patch, split_diff, touched_paths
 from gym_envs.grading.runners import changed_test_files
 from gym_envs.grading.testrun import run_tests
 from sandboxes import Sandbox, SandboxError
+from sandboxes.base import usage_of
 from tasks.backends import SandboxFactory, make_sandbox
 from tasks.model import Task
 
@@ -61,6 +64,8 @@ class InstanceReport(BaseModel):
         None, description="where the grading sandbox ran (ray backend: node, warm-up, first on its node)")
     test_output: str = Field("", exclude=True, description="the test run's log (written apart from the report)")
     error: str | None = None
+    cost: EpisodeCost | None = Field(None, description="what grading cost: wall time, harness and test CPU, "
+                                                       "peak memory, dollars (gym_envs.grading.cost)")
 
     def swebench_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -69,13 +74,23 @@ class InstanceReport(BaseModel):
 class Verifier:
     """Grades patches for tasks in fresh sandboxes made by ``factory``."""
 
-    def __init__(self, factory: SandboxFactory | None = None, *, partial_credit: bool = False) -> None:
+    def __init__(self, factory: SandboxFactory | None = None, *, partial_credit: bool = False,
+                 prices: Prices | None = None) -> None:
         self.factory = factory or (lambda task: make_sandbox(task))
         self.partial_credit = partial_credit
+        self.prices = prices or Prices()
 
     def verify(self, task: Task, patch: str | None, *, model_name: str | None = None,
                run_empty: bool = False) -> InstanceReport:
         """Grade ``patch`` for ``task``. ``run_empty`` runs the tests even for an empty patch."""
+        meter = CostMeter()
+        with meter.charging():
+            report = self._verify(task, patch, meter, model_name=model_name, run_empty=run_empty)
+        report.cost = meter.result(self.prices)
+        return report
+
+    def _verify(self, task: Task, patch: str | None, meter: CostMeter, *, model_name: str | None,
+                run_empty: bool) -> InstanceReport:
         start = time.monotonic()
         report = InstanceReport(instance_id=task.instance_id, model_name_or_path=model_name)
         report.patch_is_None = patch is None
@@ -93,7 +108,7 @@ class Verifier:
             sandbox = self.factory(task)
             placement = getattr(sandbox, "placement", None)
             report.placement = dict(placement) if placement else None
-            self._grade_in(sandbox, task, patch or "", report)
+            self._grade_in(sandbox, task, patch or "", report, meter)
         except SandboxError as exc:
             report.infrastructure_failure = True
             report.infrastructure_failure_reason = f"{type(exc).__name__}: {exc}"
@@ -101,6 +116,7 @@ class Verifier:
             log.warning("%s: infrastructure failure: %s", task.instance_id, exc)
         finally:
             if sandbox is not None:
+                meter.sandbox_closed(usage_of(sandbox))
                 try:
                     sandbox.close()
                 except Exception as exc:  # a close failure must not hide the grade
@@ -120,7 +136,8 @@ class Verifier:
         passed = len(status.get("FAIL_TO_PASS", {}).get("success", []))
         return passed / len(task.FAIL_TO_PASS)
 
-    def _grade_in(self, sandbox: Sandbox, task: Task, patch: str, report: InstanceReport) -> None:
+    def _grade_in(self, sandbox: Sandbox, task: Task, patch: str, report: InstanceReport,
+                  meter: CostMeter) -> None:
         protected = touched_paths(task.test_patch)
         if patch.strip():
             try:
@@ -144,11 +161,12 @@ class Verifier:
             report.patch_successfully_applied = False
             report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
             return
-        self._run_tests(sandbox, task, report)
+        self._run_tests(sandbox, task, report, meter)
 
-    def _run_tests(self, sandbox: Sandbox, task: Task, report: InstanceReport) -> None:
+    def _run_tests(self, sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter) -> None:
         files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
         run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files)
+        meter.add_tests(run.cpu_seconds)
         report.test_output = run.output
         report.test_exit_code = run.exit_code
         report.test_timed_out = run.timed_out

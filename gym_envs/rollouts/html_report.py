@@ -83,6 +83,18 @@ def fmt_seconds(value: Any) -> str:
     return "—" if v is None else f"{v:,.1f}"
 
 
+def fmt_cpu(value: Any) -> str:
+    """CPU seconds with three decimals (an environment's are often under 0.1 s): 0.0812 -> ``0.081``."""
+    v = _num(value)
+    return "—" if v is None else f"{v:,.3f}"
+
+
+def fmt_mib(value: Any) -> str:
+    """Bytes in MiB, whole: 33951744 -> ``32 MiB``."""
+    v = _num(value)
+    return "—" if v is None else f"{v / 2**20:,.0f} MiB"
+
+
 def fmt_ci(value: Any) -> str:
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(_num(x) is not None for x in value):
         return f"{fmt_rate(value[0])} – {fmt_rate(value[1])}"
@@ -493,7 +505,7 @@ JS = r"""
         if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); sortBy(col); }
       });
     });
-    var m = /^#sort=([A-Za-z0-9_,-]+)$/.exec(location.hash);
+    var m = /^#sort=([A-Za-z0-9_.,-]+)$/.exec(location.hash);
     if (m) {
       m[1].split(",").forEach(function (key) {
         var th = table.tHead.querySelector('th[data-key="' + key + '"]');
@@ -518,7 +530,16 @@ COLUMNS = [  # (key, header, numeric, format)
     ("tokens_in", "tokens in", True, fmt_int),
     ("tokens_out", "tokens out", True, fmt_int),
     ("cost_usd", "cost", True, fmt_cost),
+    ("cost.env_cpu_seconds", "env CPU s", True, fmt_cpu),
+    ("cost.test_cpu_seconds", "test CPU s", True, fmt_cpu),
 ]
+
+
+def _field(row: dict, key: str) -> Any:
+    """``row[key]``, or for ``a.b`` the ``b`` of ``row["a"]`` (the episode's environment cost)."""
+    head, _, rest = key.partition(".")
+    value = row.get(head)
+    return (value.get(rest) if isinstance(value, dict) else None) if rest else value
 
 
 def _card(elem_id: str, label: str, value: Any, text: str, sub: str = "") -> str:
@@ -548,11 +569,19 @@ def _summary(report: dict) -> str:
         _card("tokens-out", "tokens out", report.get("tokens_out"), fmt_int(report.get("tokens_out"))),
         _card("cost", "cost (USD)", report.get("cost_usd"), fmt_cost(report.get("cost_usd"))),
         _card("wall-seconds", "wall time (s)", report.get("wall_seconds"), fmt_seconds(report.get("wall_seconds"))),
-        _card("env-cpu-seconds", "env CPU (s)", report.get("env_cpu_seconds"),
-              fmt_seconds(report.get("env_cpu_seconds"))),
+        *_cost_cards(report.get("cost") if isinstance(report.get("cost"), dict) else {}),
         _card("steps-total", "steps", report.get("steps_total"), fmt_int(report.get("steps_total"))),
     ]
     return '<div class="cards">' + "".join(cards) + "</div>"
+
+
+def _cost_cards(cost: dict) -> list[str]:
+    """What the environment spent per episode (report.json's ``cost``, gym_envs.grading.cost)."""
+    cards = [("env-cpu-seconds", "env CPU per episode (s)", "env_cpu_seconds_mean", fmt_cpu),
+             ("test-cpu-seconds", "test CPU per episode (s)", "test_cpu_seconds_mean", fmt_cpu),
+             ("peak-memory", "peak memory (largest)", "peak_memory_bytes_max", fmt_mib),
+             ("env-usd-per-1k", "environment $ per 1,000 episodes", "usd_per_1k_episodes", fmt_cost)]
+    return [_card(elem_id, label, cost.get(key), fmt(cost.get(key))) for elem_id, label, key, fmt in cards]
 
 
 def _run_meta(run: Any, report: dict) -> str:
@@ -591,7 +620,7 @@ def _table(rows: list[dict]) -> str:
     for i, row in enumerate(rows):
         cells = []
         for key, _label, num, fmt in COLUMNS:
-            value = row.get(key)
+            value = _field(row, key)
             if key == "instance_id":
                 cells.append(f'<td data-sort="{_e(value if value is not None else "")}">'
                              f'<a href="#traj-{i}">{_e(value if value is not None else "?")}</a></td>')

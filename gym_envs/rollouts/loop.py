@@ -62,8 +62,12 @@ class Episode:
     report: dict[str, Any] | None = None
     tool_mode: str = "native"
     tools: list[dict[str, Any]] = field(default_factory=list)  # offered to the model (native mode)
+    # What the environment spent (the terminal step's info["cost"], gym_envs.grading.cost): wall time,
+    # harness, agent and test CPU, peak memory, dollars. None when the episode never reached one.
+    cost: dict[str, Any] | None = None
 
-    def cost(self, input_per_mtok: float, output_per_mtok: float) -> float:
+    def token_cost(self, input_per_mtok: float, output_per_mtok: float) -> float:
+        """The model's dollars for the episode's tokens."""
         return (self.tokens_in * input_per_mtok + self.tokens_out * output_per_mtok) / 1e6
 
 
@@ -192,6 +196,7 @@ def _grade_as_is(env: RepoEnv, episode: Episode, reason: str, note: str | None =
 
 def _record_grade(episode: Episode, reward: float, info: dict[str, Any], reason: str) -> None:
     episode.end_reason = reason
+    episode.cost = info.get("cost")
     if info.get("infrastructure_failure"):
         _mask(episode, "environment_error", info.get("infrastructure_failure_reason") or "the environment failed")
         episode.report = info.get("report")

@@ -8,8 +8,9 @@ finish, so an interrupted run continues where it stopped (``docs/run.md`` docume
     DIR/report.html         the same for people (:mod:`.html_report`)
 
 A masked episode (the endpoint or the environment failed) is not a result: a resumed run runs it
-again. ``env_cpu_seconds`` is the CPU time of the processes the run started (sandboxes and tests,
-local backend), for the whole run; per episode only when one worker runs, where it is attributable.
+again. Every episode's line carries what the environment spent on it (``cost``: wall time, harness,
+agent and test CPU, peak memory, dollars at ``RunOptions.prices``; :mod:`gym_envs.grading.cost`),
+measured per episode whatever the number of workers, and the report sums them up.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 import logging
 import math
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_envs.envs.repo_env import RepoEnv
+from gym_envs.grading.cost import EpisodeCost, Prices, summarize
 from gym_envs.rollouts.loop import Episode, run_episode
 from gym_envs.rollouts.model import ChatModel, ModelConfig
 from tasks.catalog import TaskSet
@@ -57,6 +58,7 @@ class RunOptions:
     input_per_mtok: float = 0.0
     output_per_mtok: float = 0.0
     observation_limit: int = 20_000
+    prices: Prices = field(default_factory=Prices)  # the environment's: per core-hour and GB-hour
 
 
 @dataclass
@@ -92,22 +94,22 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
         if differs:
             raise RunDirError(f"{out} holds a run with other settings ({differs}); use another --output")
     run_info = {"params": params, "price": {"input_per_mtok": options.input_per_mtok,
-                                            "output_per_mtok": options.output_per_mtok},
+                                            "output_per_mtok": options.output_per_mtok,
+                                            "core_hour": options.prices.core_hour,
+                                            "gb_hour": options.prices.gb_hour},
                 "started_at": prior["started_at"] if prior else time.time(), "tasks": list(task_set.ids),
                 "model": model.name, "base_url": model.base_url}
     _write_json(out / RUN_FILE, run_info)
     lines = read_trajectories(out)  # read once; kept up to date in memory as episodes finish
     todo = [i for i in task_set.ids if lines.get(i, {}).get("outcome") in (None, "masked")]
     lock = threading.Lock()
-    cpu_start = _children_cpu()
     own_chat = chat is None
     chat = chat or ChatModel(model)
 
     def one(instance_id: str) -> dict[str, Any]:
-        before = _children_cpu()
         try:
             env = RepoEnv(task_set, backend=options.backend, max_steps=options.max_steps,
-                          time_limit=options.time_limit, **options.env_options)
+                          time_limit=options.time_limit, prices=options.prices, **options.env_options)
             try:
                 episode = run_episode(env, chat, instance_id, max_turns=options.max_turns,
                                       tool_mode=options.tool_mode, observation_limit=options.observation_limit)
@@ -117,9 +119,8 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
             log.exception("%s: the episode failed", instance_id)
             episode = Episode(instance_id=instance_id, model=model.name, outcome="masked",
                               end_reason="environment_error", mask_reason=f"{type(exc).__name__}: {exc}")
-        cpu = round(_children_cpu() - before, 3) if options.workers == 1 else None
         return trajectory_line(episode, input_per_mtok=options.input_per_mtok,
-                               output_per_mtok=options.output_per_mtok, env_cpu_seconds=cpu)
+                               output_per_mtok=options.output_per_mtok)
 
     try:
         with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="patchgym-run") as pool:
@@ -130,7 +131,7 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
                     with lock:
                         _append_line(out / TRAJECTORIES, json.dumps(line, ensure_ascii=False))
                         lines[line["instance_id"]] = line
-                        write_outputs(out, task_set, run_info, lines, cpu_seconds=None)
+                        write_outputs(out, task_set, run_info, lines)
                     if on_episode:
                         on_episode(line, progress_of(task_set, lines))
             except BaseException:  # interrupted: start nothing new; running episodes end and close
@@ -139,15 +140,14 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
     finally:
         if own_chat:
             chat.close()
-    return write_outputs(out, task_set, run_info, lines, cpu_seconds=round(_children_cpu() - cpu_start, 3))
+    return write_outputs(out, task_set, run_info, lines)
 
 
-def trajectory_line(episode: Episode, *, input_per_mtok: float = 0.0, output_per_mtok: float = 0.0,
-                    env_cpu_seconds: float | None = None) -> dict[str, Any]:
-    """An episode as a line of trajectories.jsonl (``docs/run.md``), also what /v1/rollouts answers."""
+def trajectory_line(episode: Episode, *, input_per_mtok: float = 0.0, output_per_mtok: float = 0.0) -> dict[str, Any]:
+    """An episode as a line of trajectories.jsonl (``docs/run.md``), also what /v1/rollouts answers:
+    ``cost_usd`` is the model's (tokens), ``cost`` the environment's."""
     line = asdict(episode)
-    line["cost_usd"] = round(episode.cost(input_per_mtok, output_per_mtok), 6)
-    line["env_cpu_seconds"] = env_cpu_seconds
+    line["cost_usd"] = round(episode.token_cost(input_per_mtok, output_per_mtok), 6)
     # keyed by instance, as SWE-bench's own report files are
     line["report"] = {episode.instance_id: episode.report} if episode.report is not None else None
     return line
@@ -170,21 +170,20 @@ def read_trajectories(out: Path) -> dict[str, dict[str, Any]]:
     return lines
 
 
-def write_outputs(out: Path, task_set: TaskSet, run_info: dict[str, Any], lines: dict[str, dict[str, Any]], *,
-                  cpu_seconds: float | None) -> dict:
+def write_outputs(out: Path, task_set: TaskSet, run_info: dict[str, Any], lines: dict[str, dict[str, Any]]) -> dict:
     """Rewrite predictions.jsonl and report.json from the episodes (atomically each)."""
     model = run_info["model"]
     preds = "".join(json.dumps({"instance_id": i, "model_name_or_path": model, "model_patch": t.get("patch") or ""})
                     + "\n" for i, t in lines.items() if t["outcome"] != "masked")
     _write_text(out / PREDICTIONS, preds)
-    report = run_report(task_set, lines, run_info, cpu_seconds)
+    report = run_report(task_set, lines, run_info)
     _write_json(out / REPORT, report)
     return report
 
 
-def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: dict[str, Any],
-               cpu_seconds: float | None) -> dict[str, Any]:
+def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: dict[str, Any]) -> dict[str, Any]:
     done = [lines[i] for i in task_set.ids if i in lines]
+    prices = Prices(**{k: v for k, v in run_info["price"].items() if k in ("core_hour", "gb_hour")})
     scored = [t for t in done if t["outcome"] != "masked"]
     resolved = sum(t["outcome"] == "resolved" for t in scored)
     return {
@@ -197,10 +196,11 @@ def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: di
         "cost_usd": round(sum(t["cost_usd"] for t in done), 6),
         "wall_seconds": round(sum(t["wall_seconds"] for t in done), 3),
         "steps_total": sum(t["steps"] for t in done),
-        "env_cpu_seconds": cpu_seconds,
+        # every episode's environment cost, masked ones too: the machine spent it
+        "cost": summarize([EpisodeCost.from_dict(t["cost"]) for t in done if t.get("cost")], prices),
         "instances": [{k: t.get(k) for k in ("instance_id", "outcome", "end_reason", "reward", "steps", "turns",
                                               "wall_seconds", "tokens_in", "tokens_out", "cost_usd",
-                                              "env_cpu_seconds", "mask_reason")} for t in done],
+                                              "cost", "mask_reason")} for t in done],
     }
 
 
@@ -235,11 +235,6 @@ def _append_line(path: Path, text: str) -> None:
                 if check.read(1) != b"\n":
                     fh.write(b"\n")
         fh.write(text.encode("utf-8") + b"\n")
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _read_json(path: Path) -> Any:
