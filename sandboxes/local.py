@@ -3,8 +3,10 @@
 Each sandbox owns a directory with the workspace and its own ``/tmp``. As root it is a tmpfs
 bounded by ``disk_bytes``/``disk_files``, and the workspace an overlay of the shared pristine
 checkout (see ``mounts.py``); elsewhere the workspace is a copy and the disk is not bounded (a
-warning says so). Commands run in fresh namespaces (no network, read-only host, private /tmp)
-inside the sandbox's cgroups. Without bubblewrap the same commands run as plain processes, with a
+warning says so). Commands run in the sandbox's namespaces (no network, read-only host, private
+/tmp) inside its cgroups: one init process per sandbox (``sandbox_init.py``, pid 1 of those
+namespaces, started by ``init_process.py``) runs each command and kills whatever it left, so a
+command costs one process spawn; reset and close kill the init, and its namespace with it. Without bubblewrap the same commands run as plain processes, with a
 warning: that mode bounds resources and cleans up, but it does not contain hostile code.
 """
 
