@@ -23,6 +23,7 @@ from gym_envs import load_task_set, load_tasks
 from gym_envs.cli import app
 from gym_envs.cli import commands as cli
 from gym_envs.grading.outcome import TestStatus, grade
+from gym_envs.grading.patches import filter_agent_patch
 from gym_envs.grading.runners import (
     changed_test_files,
     django_command,
@@ -351,6 +352,21 @@ def test_ids_cut_at_a_space_select_their_function_and_grade_by_every_parameter()
     assert graded.tests_status["FAIL_TO_PASS"] == {"success": ["t.py::test_y[p"], "failure": ["t.py::test_x[a"]}
     statuses["t.py::test_x[a c]"] = TestStatus.PASSED
     assert grade(["t.py::test_x[a"], [], statuses).resolved
+
+
+def test_the_pytest_repositorys_own_source_is_applied_but_no_new_pytest_package():
+    """pytest-dev/pytest's gold patches change src/_pytest/*.py: they were all dropped as test files.
+    A new _pytest package (which would shadow the runner) is still dropped, as are its tests."""
+    def diff(path, new=False):
+        head = "new file mode 100644\n--- /dev/null\n" if new else f"--- a/{path}\n"
+        old = "@@ -0,0 +1 @@\n" if new else "@@ -1 +1 @@\n-x = 1\n"
+        return f"diff --git a/{path} b/{path}\n{head}+++ b/{path}\n{old}+x = 2\n"
+
+    patch = (diff("src/_pytest/assertion/rewrite.py") + diff("_pytest/__init__.py", new=True)
+             + diff("src/_pytest/shadow.py", new=True) + diff("testing/test_assertion.py"))
+    filtered = filter_agent_patch(patch, set())
+    assert "src/_pytest/assertion/rewrite.py" in filtered.text
+    assert filtered.dropped == ["_pytest/__init__.py", "src/_pytest/shadow.py", "testing/test_assertion.py"]
 
 
 def test_run_tests_django_and_sympy_read_the_whole_log():
@@ -852,3 +868,6 @@ def test_builtin_specs_cover_swebench_and_all_convert():
     # flask 2.0's requirements/dev.txt installs sphinx from a git URL; its tests need only tests.txt
     flask = environment_from_config(specs["pallets/flask"]["2.0"], "pallets/flask")[0]
     assert flask.install[0] == "python -m pip install -r requirements/tests.txt"
+    # a checkout has no tags: setuptools_scm would call pytest 0.1.devN, below its own minversion
+    pytest_env = environment_from_config(specs["pytest-dev/pytest"]["5.4"], "pytest-dev/pytest")[0]
+    assert pytest_env.install == ["SETUPTOOLS_SCM_PRETEND_VERSION=5.4.0 python -m pip install -e ."]

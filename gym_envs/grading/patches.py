@@ -33,6 +33,7 @@ TEST_CONFIG_NAMES = {
 }
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "tests.py")
 TEST_DIR_NAMES = {"tests", "test", "testing"}
+PYTEST_PACKAGE = "a new file in a _pytest package (it would shadow the test runner)"
 
 Status = Literal["modify", "add", "delete", "rename", "copy"]
 NO_NEWLINE = "\\ No newline at end of file"
@@ -682,8 +683,6 @@ def is_test_or_config(path: str) -> bool:
         return True
     if any(part in TEST_DIR_NAMES for part in p.parts[:-1]):
         return True
-    if "_pytest" in p.parts:
-        return True
     return any(fnmatch.fnmatch(p.name, pat) for pat in TEST_FILE_PATTERNS)
 
 
@@ -702,15 +701,27 @@ def _path_reason(path: str, protected: set[str]) -> str | None:
         return "a file the test patch changes"
     if is_test_or_config(path):
         return "a test file or test configuration"
+    if "_pytest" in parts:
+        return PYTEST_PACKAGE
     return None
 
 
 def drop_reason(file: FilePatch, protected: set[str]) -> str | None:
-    """Why ``file`` may not be applied before grading (either side of a rename or copy counts), or None."""
+    """Why ``file`` may not be applied before grading (either side of a rename or copy counts), or None.
+
+    A new ``_pytest`` package would shadow the test runner, so none may be made; but changing a
+    file that is already there is changing the pytest repository's own source (``src/_pytest``),
+    the code under test of its tasks, and is kept (SWE-bench grades pytest with itself too)."""
     for mode in (file.old_mode, file.new_mode):
         if mode in _LINK_MODES:
             return _LINK_MODES[mode]
-    return next((r for p in sorted(file.paths) if (r := _path_reason(p, protected))), None)
+    for path in sorted(file.paths):
+        reason = _path_reason(path, protected)
+        if reason == PYTEST_PACKAGE and file.status in ("modify", "delete"):
+            continue
+        if reason:
+            return reason
+    return None
 
 
 @dataclass
