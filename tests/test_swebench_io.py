@@ -369,6 +369,23 @@ def test_the_pytest_repositorys_own_source_is_applied_but_no_new_pytest_package(
     assert filtered.dropped == ["_pytest/__init__.py", "src/_pytest/shadow.py", "testing/test_assertion.py"]
 
 
+def test_steps_before_pytest_run_first_and_pytest_still_goes_through_the_runtime():
+    """requests' spec starts httpbin on the sandbox's loopback before its tests (a spec's list of
+    test commands, joined with &&): the steps run as written, then pytest under patchgym's runtime."""
+    sandbox = FakeSandbox("")
+    setup = "(python -m httpbin.core --port 5081 >/dev/null 2>&1 &) && sleep 1"
+    run_tests(sandbox, TestSpec(command=f"{setup} && HTTPBIN_URL=http://127.0.0.1:5081/ pytest -rA"), ["t.py::test_x"])
+    (command,) = sandbox.commands
+    assert command.startswith(f"{setup} && HTTPBIN_URL=http://127.0.0.1:5081/ PATCHGYM_RESULTS=.patchgym-results-")
+    assert "/bootstrap.py -rA -rA --junitxml=" in command
+    sandbox = FakeSandbox("")
+    run_tests(sandbox, TestSpec(command="pytest -k 'a && b'"), ["t.py::test_x"])
+    assert "/bootstrap.py -k 'a && b' -rA" in sandbox.commands[0], "&& inside an argument is not a step"
+    requests = environment_from_config(builtin_specs()["psf/requests"]["2.4"], "psf/requests")
+    assert requests[1].command.endswith(" && HTTPBIN_URL=http://127.0.0.1:5081/ pytest -rA")
+    assert "httpbin==0.10.4" in requests[0].packages
+
+
 def test_run_tests_django_and_sympy_read_the_whole_log():
     sandbox = FakeSandbox(DJANGO_PY311, exit_code=1)
     spec = TestSpec(format="django")

@@ -169,9 +169,15 @@ _PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 
 
 def pytest_invocation(command: str) -> tuple[str, str, str] | None:
-    """Split a pytest command into (environment assignments, interpreter, pytest arguments), each
+    """Split a pytest command into (what runs before pytest, interpreter, pytest arguments), each
     shell-quoted, for ``python -m pytest ...``, ``pytest ...`` and ``py.test ...`` (with leading
-    ``VAR=value`` words); None for anything else."""
+    ``VAR=value`` words); None for anything else. Steps joined before it with `` && `` (a spec's
+    list of test commands: a service the tests talk to, started on the sandbox's loopback) run
+    first, as written."""
+    setup, joined, last = command.rpartition(" && ")
+    tail = pytest_invocation(last) if joined else None
+    if tail is not None:
+        return f"{setup} && {tail[0]}", tail[1], tail[2]
     try:
         words = shlex.split(command)
     except ValueError:
