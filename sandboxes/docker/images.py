@@ -490,7 +490,9 @@ def release_for(spec: EnvironmentSpec, release: str | None = None) -> str:
         raise EnvironmentBuildError(
             f"no Debian release patchgym knows provides a Python that satisfies {spec.python!r} (have: {have}); "
             "bootstrap one that does, e.g. patchgym images bootstrap --release buster "
-            "--mirror http://archive.debian.org/debian for Python 3.7")
+            "--mirror http://archive.debian.org/debian for Python 3.7, or --release jammy --mirror "
+            "http://archive.ubuntu.com/ubuntu for 3.10 (focal: 3.8; the host needs ubuntu-keyring), or grade "
+            "with --backend local, which uses the host's interpreters (pyenv's included)")
     return fitting[0]
 
 
