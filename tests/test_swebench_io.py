@@ -353,6 +353,14 @@ def test_ids_cut_at_a_space_select_their_function_and_grade_by_every_parameter()
     statuses["t.py::test_x[a c]"] = TestStatus.PASSED
     assert grade(["t.py::test_x[a"], [], statuses).resolved
 
+    # pylint's options parser keeps "/" + the last component of an absolute-path parameter
+    assert pytest_selectors(["t.py::C::test_stdin[/m.py]"]) == ["t.py::C::test_stdin"]
+    statuses = {"t.py::C::test_stdin[/testbed/tests/m.py-m-/testbed/tests/m.py]": TestStatus.PASSED,
+                "t.py::C::test_stdin[m.py-m-m.py]": TestStatus.FAILED}
+    graded = grade(["t.py::C::test_stdin[/m.py]"], ["t.py::C::test_stdin[m.py-m-m.py]"], statuses)
+    assert graded.tests_status["FAIL_TO_PASS"]["success"] == ["t.py::C::test_stdin[/m.py]"]
+    assert graded.tests_status["PASS_TO_PASS"]["failure"] == ["t.py::C::test_stdin[m.py-m-m.py]"]
+
 
 def test_the_pytest_repositorys_own_source_is_applied_but_no_new_pytest_package():
     """pytest-dev/pytest's gold patches change src/_pytest/*.py: they were all dropped as test files.
@@ -889,3 +897,6 @@ def test_builtin_specs_cover_swebench_and_all_convert():
     # a checkout has no tags: setuptools_scm would call pytest 0.1.devN, below its own minversion
     pytest_env = environment_from_config(specs["pytest-dev/pytest"]["5.4"], "pytest-dev/pytest")[0]
     assert pytest_env.install == ["SETUPTOOLS_SCM_PRETEND_VERSION=5.4.0 python -m pip install -e ."]
+    # pylint loads its checkers through astroid's modutils, which needs the checkout on sys.path
+    pylint_env = environment_from_config(specs["pylint-dev/pylint"]["2.15"], "pylint-dev/pylint")[0]
+    assert pylint_env.install[-1] == "python -m pip install -e . --config-settings editable_mode=compat"

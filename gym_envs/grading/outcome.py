@@ -10,6 +10,7 @@ FAIL_TO_PASS test fails while a SKIPPED PASS_TO_PASS test is kept.
 from __future__ import annotations
 
 import enum
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
@@ -73,20 +74,34 @@ def parse_junit(xml_text: str | bytes) -> dict[str, TestStatus]:
 # Worst first: the status a group of tests that share one id is graded by.
 _SEVERITY = {TestStatus.ERROR: 0, TestStatus.FAILED: 1, TestStatus.SKIPPED: 2, TestStatus.XFAIL: 3,
              TestStatus.PASSED: 4}
+_OPTION = re.compile(r"(.*?)\[(.*)\]")
+
+
+def swebench_id(node_id: str) -> str:
+    """The id SWE-bench's log parsers record for a pytest node id: cut at its first space, and a
+    parameter that is an absolute path kept as ``/`` plus its last component (its options parser:
+    ``test_x[/testbed/tests/m.py]`` becomes ``test_x[/m.py]``)."""
+    cut = node_id.split(" ", 1)[0]
+    match = _OPTION.fullmatch(cut)
+    if match:
+        head, option = match.groups()
+        if option.startswith("/") and not option.startswith("//") and "*" not in option:
+            return f"{head}[/{option.split('/')[-1]}]"
+    return cut
 
 
 def lookup_key(test_id: str, statuses: dict[str, TestStatus]) -> str | None:
-    """The key of ``test_id`` in ``statuses``; tolerates runner-truncated parametrized ids.
+    """The key of ``test_id`` in ``statuses``; tolerates ids that SWE-bench recorded shortened.
 
-    SWE-bench's log parsers cut an id at its first space (``test_x[a b]`` is recorded as
-    ``test_x[a``), so one published id can stand for several parameters: it takes the key whose
-    status is worst among every key cut so (all must pass). Otherwise an id matches by unique
-    prefix (ids truncated by length)."""
+    SWE-bench's log parsers cut an id at its first space and shorten an absolute-path parameter
+    (:func:`swebench_id`), so one published id can stand for several tests: it takes the key whose
+    status is worst among every key recorded so (all must pass). Otherwise an id matches by
+    unique prefix (ids truncated by length)."""
     if test_id in statuses:
         return test_id
-    cut = [k for k in statuses if " " in k and k.split(" ", 1)[0] == test_id]
-    if cut:
-        return min(cut, key=lambda k: _SEVERITY.get(statuses[k], 0))
+    recorded = [k for k in statuses if k != test_id and ("[" in k or " " in k) and swebench_id(k) == test_id]
+    if recorded:
+        return min(recorded, key=lambda k: _SEVERITY.get(statuses[k], 0))
     if "[" in test_id:
         matches = [k for k in statuses if k.startswith(test_id) or test_id.startswith(k)]
         if len(matches) == 1:

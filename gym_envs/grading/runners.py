@@ -231,11 +231,12 @@ def parse_sympy_log(text: str) -> dict[str, TestStatus]:
 
 def pytest_selector(test_id: str) -> str:
     """The command-line argument that runs ``test_id``: the id itself, or, for a parametrized id
-    that was truncated (SWE-bench's log parsers cut ids at the first space, so
-    ``test_x[a b]`` is published as ``test_x[a``), its test function with every parameter: pytest
-    refuses a partial id ("not found", exit 4) and runs nothing at all."""
-    head, bracket, _ = test_id.partition("[")
-    return head if bracket and not test_id.endswith("]") else test_id
+    that SWE-bench recorded shortened, its test function with every parameter: pytest refuses a
+    partial id ("not found", exit 4) and runs nothing at all. SWE-bench's log parsers cut ids at
+    the first space (``test_x[a b]`` is published as ``test_x[a``) and keep only the last
+    component of an absolute-path parameter (``test_x[/testbed/m.py]`` as ``test_x[/m.py]``)."""
+    head, bracket, param = test_id.partition("[")
+    return head if bracket and (not test_id.endswith("]") or param.startswith("/")) else test_id
 
 
 def pytest_selectors(test_ids: Iterable[str]) -> list[str]:
