@@ -9,9 +9,11 @@ database migrations cut.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -392,6 +394,24 @@ def test_steps_before_pytest_run_first_and_pytest_still_goes_through_the_runtime
     requests = environment_from_config(builtin_specs()["psf/requests"]["2.4"], "psf/requests")
     assert requests[1].command.endswith(" && HTTPBIN_URL=http://127.0.0.1:5081/ pytest -rA")
     assert "httpbin==0.10.4" in requests[0].packages
+
+
+def test_the_runtime_runs_pytester_under_filterwarnings_error(tmp_path):
+    """pytest's own repository runs with -p pytester and filterwarnings = error: the runtime had
+    imported _pytest.pytester_assertions beforehand, pytest warned it could not rewrite it, and the
+    run died before its first test (pytest-dev 7.x/8.x: "exited before its final record")."""
+    from gym_envs.grading.pytest_runtime import RUNTIME_DIR
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
+    (tmp_path / "test_p.py").write_text("def test_inline(pytester):\n"
+                                        "    pytester.makepyfile('def test_ok():\\n    assert 1')\n"
+                                        "    pytester.runpytest().assert_outcomes(passed=1)\n")
+    results = tmp_path / "results.jsonl"
+    proc = subprocess.run([sys.executable, "-I", "-B", str(RUNTIME_DIR / "bootstrap.py"), "-p", "pytester",
+                           "-p", "no:cacheprovider", "-q", "test_p.py"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PATCHGYM_RESULTS": str(results)}, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout
 
 
 def test_run_tests_django_and_sympy_read_the_whole_log():

@@ -31,6 +31,12 @@ import sysconfig
 WORKSPACE = os.getcwd()
 HERE = os.path.dirname(os.path.abspath(__file__))
 START_FAILED = "patchgym-runtime: the test runner could not start:"
+# Plugins that pytest marks for assertion rewriting when a run loads them (``-p pytester`` declares
+# ``pytest_plugins = ["_pytest.pytester_assertions"]``): imported beforehand, pytest warns that it
+# cannot rewrite them, and under ``filterwarnings = error`` (pytest's own configuration) the run
+# dies. They stay unimported here; ``_pytest`` itself is bound to the installed package already, so
+# they still come from there, not from the repository.
+REWRITTEN_PLUGINS = {"_pytest.pytester_assertions"}
 # Names of the stdlib that repositories commonly use for packages of their own.
 NOT_PINNED = {"test", "tests"}
 
@@ -107,6 +113,8 @@ def _preload_runner():
     import pytest  # noqa: F401
 
     for info in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
+        if info.name in REWRITTEN_PLUGINS:
+            continue
         try:
             importlib.import_module(info.name)
         except Exception:  # optional parts (e.g. a Windows-only module)
