@@ -378,11 +378,32 @@ def import_rows(rows: Iterable[tuple[str, Any]], *, repos: str | Path, output: P
             reason = _format_error(label, where, exc).replace(f"{label}:{where}: ", "")
             result.dropped.append(DroppedRow(where, instance_id, reason.replace("\n", "; ")))
             continue
+        _drop_non_tests(task, result)
         task._source_file = output.resolve()
         seen[task.instance_id] = where
         result.tasks.append(task)
         result.environment_source[task.instance_id] = source
     return result
+
+
+def is_pytest_id(test_id: str) -> bool:
+    """Whether ``test_id`` can name a pytest test: a node id (``path::name``) or a test file."""
+    return "::" in test_id or test_id.endswith(".py")
+
+
+def _drop_non_tests(task: Task, result: ImportResult) -> None:
+    """Drop what a pytest task's test lists hold that names no test: SWE-bench's log parser read
+    progress output as ids (pytest-dev__pytest-5227's PASS_TO_PASS has "[100%]" and "["), which
+    SWE-bench counts as passing and which pytest, given them, refuses (exit 4: nothing runs)."""
+    if task.test_spec.format != "pytest":
+        return
+    for name in TEST_LIST_FIELDS:
+        ids = getattr(task, name)
+        kept = [t for t in ids if is_pytest_id(t)]
+        if len(kept) != len(ids):
+            setattr(task, name, kept)
+            dropped = ", ".join(repr(t) for t in ids if not is_pytest_id(t))
+            result.warn(f"{task.instance_id}: {name} entries that name no test dropped: {dropped}")
 
 
 def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapping[str, dict[str, Any]]] | None,

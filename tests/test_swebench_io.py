@@ -783,6 +783,21 @@ def test_import_drops_rows_it_cannot_use_and_says_why(swebench_dataset, tmp_path
     assert result.exit_code == 2 and "not a directory" in result.output
 
 
+def test_entries_that_name_no_test_are_dropped_from_pytest_tasks(swebench_dataset, tmp_path):
+    """pytest-dev__pytest-5227's PASS_TO_PASS holds "[100%]" and "[" (SWE-bench's parser read progress
+    output as ids): pytest refuses them (exit 4, nothing runs), so they are dropped, with a warning."""
+    d = swebench_dataset
+    junk = ["[100%]", "[", "[100%]------------------------------"]
+    pytest_row = {**d["rows"][0], "PASS_TO_PASS": json.dumps(["tests/test_basic.py::test_add", *junk])}
+    sympy_row = d["rows"][2]
+    result = import_rows([("line 1", pytest_row), ("line 2", sympy_row)], repos=d["repos"],
+                         output=tmp_path / "t.jsonl")
+    pytest_task, sympy_task = result.tasks
+    assert pytest_task.PASS_TO_PASS == ["tests/test_basic.py::test_add"]
+    assert any("name no test dropped: '[100%]', '['" in w for w in result.warnings), result.warnings
+    assert sympy_task.PASS_TO_PASS == ["test_add"], "other runners' ids are not node ids and are kept"
+
+
 def test_list_encoded_rows_round_trip_with_source_encoding(swebench_dataset, tmp_path):
     d = swebench_dataset
     row = {**d["rows"][2], "FAIL_TO_PASS": ["test_clamp_high"], "PASS_TO_PASS": ["test_add"], "version": 1.1,
