@@ -36,7 +36,7 @@ START_FAILED = "patchgym-runtime: the test runner could not start:"
 # cannot rewrite them, and under ``filterwarnings = error`` (pytest's own configuration) the run
 # dies. They stay unimported here; ``_pytest`` itself is bound to the installed package already, so
 # they still come from there, not from the repository.
-REWRITTEN_PLUGINS = {"_pytest.pytester_assertions"}
+REWRITTEN_PLUGINS = {"_pytest.pytester", "_pytest.pytester_assertions"}  # pytester: before 5.x, no PYTEST_DONT_REWRITE
 # Names of the stdlib that repositories commonly use for packages of their own.
 NOT_PINNED = {"test", "tests"}
 
