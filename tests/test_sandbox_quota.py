@@ -450,6 +450,7 @@ def test_gc_leaves_other_hosts_alone_unless_all(docker, docker_base, monkeypatch
     from typer.testing import CliRunner
 
     import gym_envs.cli.commands as cli
+    import sandboxes
     import sandboxes.docker as sd
     from sandboxes.docker import gc_containers
 
@@ -462,7 +463,7 @@ def test_gc_leaves_other_hosts_alone_unless_all(docker, docker_base, monkeypatch
         _cleanup([foreign])
     calls: list[dict] = []
     monkeypatch.setattr(sd, "gc_containers", lambda **kw: calls.append(kw) or [])
-    monkeypatch.setattr(cli, "reap_stale", lambda: 0)
+    monkeypatch.setattr(sandboxes, "reap_stale", lambda: 0)  # the command imports it when it runs
     for args in (["sandboxes", "gc"], ["sandboxes", "gc", "--all"]):
         assert CliRunner().invoke(cli.app, args).exit_code == 0
     assert calls == [{"include_live_owners": False, "other_hosts": False},
