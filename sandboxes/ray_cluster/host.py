@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..base import EnvironmentBuildError, SandboxError
+from ..base import EnvironmentBuildError, SandboxError, usage_of
 from ..limits import ResourceLimits
 from ..local import SandboxSpec
 from ..locks import file_lock
@@ -72,12 +72,15 @@ class SandboxHost:
             return False, _portable(exc)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
-        """Run one protocol method (``exec``, ``read_file``, ``write_file``, ``diff``, ``reset``)."""
-        if method not in ("exec", "read_file", "write_file", "diff", "reset"):
+        """Run one protocol method (``exec``, ``read_file``, ``write_file``, ``diff``, ``reset``,
+        and the optional ``usage``)."""
+        if method not in ("exec", "read_file", "write_file", "diff", "reset", "usage"):
             return False, SandboxError(f"not a sandbox method: {method!r}")
         if self.sandbox is None:
             return False, SandboxError("the sandbox was never opened")
         try:
+            if method == "usage":
+                return True, usage_of(self.sandbox)
             return True, getattr(self.sandbox, method)(*args, **kwargs)
         except Exception as exc:
             return False, _portable(exc)
@@ -144,12 +147,11 @@ def _make(inner: str, spec: SandboxSpec, limits: ResourceLimits | None, options:
 
         return LocalSandbox(spec, limits=limits, **options)
     if inner == "docker":
-        from ..docker import DockerSandbox, shared_pool
+        from ..docker import DockerSandbox, default_pool_size, shared_pool
 
         options = dict(options)
-        pool_size = options.pop("pool_size", None)
-        if pool_size:
-            options["pool"] = shared_pool(int(pool_size))
+        pool_size = options.pop("pool_size", None)  # None: $PATCHGYM_DOCKER_POOL, else 1; 0: no warm pool
+        options["pool"] = shared_pool(default_pool_size() if pool_size is None else int(pool_size))
         return DockerSandbox(spec, limits=limits, **options)
     raise ValueError(f"unknown sandbox backend for ray nodes {inner!r}; one of: {', '.join(INNER_BACKENDS)}")
 

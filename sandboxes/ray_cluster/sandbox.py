@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..base import ClosesItself, ExecResult, SandboxClosedError, SandboxError
+from ..base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
 from ..limits import ResourceLimits
 from ..local import SandboxSpec
 from ..repos import git
@@ -112,6 +112,13 @@ class RaySandbox(ClosesItself):
 
     def reset(self) -> None:
         self._call("reset")
+
+    def usage(self) -> SandboxUsage:
+        """What the sandbox has cost its node so far (nothing measured once it is lost or closed)."""
+        try:
+            return self._call("usage")
+        except SandboxError:
+            return SandboxUsage()
 
     def close(self) -> None:
         with self._lock:

@@ -123,6 +123,8 @@ def test_gold_resolves_through_the_verifier_and_the_report_says_where(cluster, t
     report = verifier.verify(task, task.patch)
     assert report.resolved and report.reward == 1.0, report
     assert report.placement["node_id"] in node_ids(cluster)
+    cost = report.cost  # measured on the node, read through the actor before it closed
+    assert cost.test_cpu_seconds > 0 and cost.peak_memory_bytes > 0 and cost.usd_per_1k_episodes > 0, cost
     assert not verifier.verify(task, "", run_empty=True).resolved
 
 
