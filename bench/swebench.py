@@ -15,7 +15,9 @@ states it, without patchgym's runtime, canaries or result checks): the floor tha
 approach. Printed: per repository, instances, environments built, gold resolved, empty not
 resolved, and the medians of verify and bare wall time, of their per-instance ratios, and of the
 grading sandbox's start (inside verify: a fresh sandbox per grading is the isolation rule, and its
-start is the backend's cost, not the runner's); every failure with its reason.
+start is the backend's cost, not the runner's) and of patchgym's runner alone in the prepared
+sandbox (``warm``: runtime, canaries, junit and its file round trips, beside ``bare``); every
+failure with its reason.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from gym_envs.grading.patch_apply import apply_patch  # noqa: E402
 from gym_envs.grading.runners import build_command, changed_test_files, pytest_selectors  # noqa: E402
+from gym_envs.grading.testrun import run_tests  # noqa: E402
 from gym_envs.grading.verifier import InstanceReport, Verifier  # noqa: E402
 from sandboxes import SandboxError  # noqa: E402
 from tasks.backends import sandbox_factory  # noqa: E402
@@ -138,7 +141,9 @@ def main() -> None:
             print(f"[{n}/{len(tasks)}] {task.instance_id}: environment failed: {row['reason']}", flush=True)
             continue
         row |= {"built": True, "build_seconds": round(time.monotonic() - build_started, 1)}
-        verify_times, bare_times, gold = [], [], []
+        verify_times, bare_times, warm_times, gold = [], [], [], []
+        tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+        files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
         try:
             bare()  # warm: the first run also compiles bytecode
             starts.clear()
@@ -147,6 +152,11 @@ def main() -> None:
                 gold.append(report)
                 verify_times.append(report.duration_seconds)
                 bare_times.append(bare())
+                # patchgym's runner (runtime, canaries, junit, file round trips) in the prepared sandbox:
+                # verify less the sandbox's start and the patches
+                began = time.monotonic()
+                run_tests(bare_box, task.test_spec, tests, files=files)
+                warm_times.append(time.monotonic() - began)
         finally:
             bare_box.close()
         empty = verifier.verify(task, "", run_empty=True)
@@ -154,19 +164,21 @@ def main() -> None:
                 "empty_resolved": empty.resolved, "gold_reason": explain(gold[-1]), "empty_reason": explain(empty),
                 "verify_seconds": round(statistics.median(verify_times), 3),
                 "start_seconds": round(statistics.median(starts), 3) if starts else None,
-                "bare_seconds": round(statistics.median(bare_times), 3)}
+                "bare_seconds": round(statistics.median(bare_times), 3),
+                "warm_seconds": round(statistics.median(warm_times), 3)}
         row["ratio"] = round(row["verify_seconds"] / row["bare_seconds"], 2) if row["bare_seconds"] else None
         results.append(row)
         verdict = "ok" if row["gold_resolved"] and not row["empty_resolved"] else "FAILED"
         print(f"[{n}/{len(tasks)}] {task.instance_id}: {verdict} gold {row['gold_runs_resolved']}/{args.repeat} "
               f"empty {'resolved' if row['empty_resolved'] else 'not resolved'}; verify {row['verify_seconds']}s "
-              f"bare {row['bare_seconds']}s (x{row['ratio']}; sandbox start {row['start_seconds']}s); "
+              f"bare {row['bare_seconds']}s (x{row['ratio']}; sandbox start {row['start_seconds']}s; runner in the "
+              f"prepared sandbox {row['warm_seconds']}s); "
               f"build {row['build_seconds']}s"
               + ("" if verdict == "ok" else f"; gold: {row['gold_reason']}; empty: {row['empty_reason']}"),
               flush=True)
 
     print(f"\n{'repository':28} {'rows':>4} {'built':>5} {'gold ok':>7} {'empty ok':>8} {'verify':>7} "
-          f"{'bare':>7} {'ratio':>6} {'start':>6}")
+          f"{'bare':>7} {'ratio':>6} {'start':>6} {'warm':>6}")
     by_repo: dict[str, list[dict]] = defaultdict(list)
     for row in results:
         by_repo[row["repo"]].append(row)
@@ -180,7 +192,7 @@ def main() -> None:
             return f"{statistics.median(values):.2f}" if values else "-"
 
         print(f"{repo:28} {len(rows):>4} {len(built):>5} {gold_ok:>7} {empty_ok:>8} {med('verify_seconds'):>7} "
-              f"{med('bare_seconds'):>7} {med('ratio'):>6} {med('start_seconds'):>6}")
+              f"{med('bare_seconds'):>7} {med('ratio'):>6} {med('start_seconds'):>6} {med('warm_seconds'):>6}")
     built = [r for r in results if r["built"]]
     good = sum(r["gold_resolved"] and not r["empty_resolved"] for r in built)
     print(f"\n{good}/{len(built)} built instances validate (gold resolves, empty does not); "
