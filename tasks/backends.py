@@ -38,11 +38,10 @@ def make_sandbox(task: Task, backend: str = "local", **options: Any) -> Sandbox:
     if backend == "local":
         return LocalSandbox(sandbox_spec(task), limits=limits, **options)
     if backend == "docker":
-        from sandboxes.docker import DockerSandbox, shared_pool
+        from sandboxes.docker import DockerSandbox, default_pool_size, shared_pool
 
-        pool_size = options.pop("pool_size", None)
-        if pool_size:
-            options["pool"] = shared_pool(int(pool_size))
+        pool_size = options.pop("pool_size", None)  # None: $PATCHGYM_DOCKER_POOL, else 1; 0: no warm pool
+        options["pool"] = shared_pool(default_pool_size() if pool_size is None else int(pool_size))
         return DockerSandbox(sandbox_spec(task), limits=limits, **options)
     if backend == "ray":
         from sandboxes.ray_cluster import RaySandbox

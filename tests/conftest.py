@@ -87,6 +87,9 @@ def patchgym_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Tests asking for an interpreter no host has must not wait on uv failing to download one
     # (about 10 s each with no route to the downloads); test_environments tests the asking itself.
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    # No Docker warm pool unless a test asks for one (test_docker_sandbox does): a container waiting
+    # in a pool holds its image, which tests that remove images would find in use.
+    os.environ.setdefault("PATCHGYM_DOCKER_POOL", "0")
     return home
 
 

@@ -1,13 +1,19 @@
-"""What only the Docker backend has: labels, a lifetime the container enforces, the warm pool, gc."""
+"""What only the Docker backend has: labels, a lifetime the container enforces, a container that
+ends with its client, the command server as pid 1, the warm pool, gc."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 import gym_envs  # noqa: F401
+from sandboxes.base import SandboxError
+from sandboxes.docker.client import owner_id
 from sandboxes.limits import ResourceLimits
 from tasks.backends import sandbox_spec
 
@@ -43,11 +49,46 @@ def test_lifetime_is_enforced_by_the_container_itself(docker, calc_task):
 
     sb = DockerSandbox(sandbox_spec(calc_task), lifetime=3)
     cid = sb.container.id
-    sb._conn.close()  # the client "dies": nobody will call close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and docker.containers.list(all=True, filters={"id": cid}):
-        time.sleep(0.5)
-    assert not docker.containers.list(all=True, filters={"id": cid})
+    try:  # the client stays connected: only the lifetime ends the container
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and docker.containers.list(all=True, filters={"id": cid}):
+            time.sleep(0.5)
+        assert not docker.containers.list(all=True, filters={"id": cid})
+        with pytest.raises(SandboxError):
+            sb.exec("true")
+    finally:
+        sb.close()
+
+
+def test_a_killed_client_takes_its_containers_with_it(docker, calc_tasks_file):
+    """The owner dies without close() (SIGKILL): its sandbox and its pool's waiting container end
+    with its streams, and the engine removes them; nothing waits for gc or the lifetime."""
+    script = ("import os, sys, time\n"
+              f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
+              "from tasks.backends import make_sandbox\n"
+              "from tasks.model import load_tasks\n"
+              f"task = load_tasks({str(calc_tasks_file)!r})[0]\n"
+              "make_sandbox(task, 'docker', pool_size=1).close()\n"
+              "sb = make_sandbox(task, 'docker', pool_size=1)\n"  # a task seen twice is kept warm
+              "from sandboxes.docker import shared_pool\n"
+              "pool = shared_pool(1)\n"
+              "while not pool.waiting(): time.sleep(0.05)\n"  # the next sandbox, started ahead
+              "print(os.getpid(), sb.container.id, *(i[0].id for q in pool._ready.values() for i in q), flush=True)\n"
+              "os.kill(os.getpid(), 9)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    pid, *ids = proc.stdout.split()
+    assert len(ids) == 2
+    owner = f"{owner_id().split(':')[0]}:{pid}"
+    deadline = time.monotonic() + 20
+    left = None
+    while time.monotonic() < deadline:
+        left = docker.containers.list(all=True, filters={"label": f"org.patchgym.owner={owner}"})
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, [c.status for c in left]
+    assert not any(docker.containers.list(all=True, filters={"id": cid}) for cid in ids)
 
 
 def test_warm_pool_hands_out_started_containers(docker, calc_task):
@@ -67,13 +108,72 @@ def test_warm_pool_hands_out_started_containers(docker, calc_task):
         sb.write_file("dirty.txt", "x")
         sb.close()
         deadline = time.monotonic() + 30
-        while not pool._ready.get((first.image, ResourceLimits(), False)) and time.monotonic() < deadline:
+        while not pool.waiting() and time.monotonic() < deadline:
             time.sleep(0.2)
         again = DockerSandbox(spec, pool=pool)
         assert again.exec("ls dirty.txt").exit_code != 0, "a pooled container must be fresh"
         again.close()
     finally:
         pool.close()
+
+
+def test_warm_pool_lets_go_of_what_nobody_takes_and_skips_dead_containers(docker, calc_task):
+    from sandboxes.docker import DockerSandbox, WarmPool
+
+    spec = sandbox_spec(calc_task)
+    first = DockerSandbox(spec)
+    first.close()
+    other = ResourceLimits(max_processes=100)
+    pool = WarmPool(size=1, idle=2.0, max_waiting=1)
+    try:
+        pool.prefill(first.image, ResourceLimits())
+        pool.prefill(first.image, other)  # max_waiting: the longest waiting is let go for it
+        assert [key[1] for key in pool._ready if pool._ready[key]] == [other]
+        dead = _pool_containers(pool)[0]
+        docker.containers.get(dead).kill()  # a waiting container whose server died
+        sb = DockerSandbox(spec, limits=other, pool=pool)  # is skipped: a live one is started instead
+        assert sb.container.id != dead and sb.exec("echo ok").output.strip() == "ok"
+        sb.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not pool.waiting():
+            time.sleep(0.1)
+        refilled = _pool_containers(pool)
+        assert len(refilled) == 1
+        deadline = time.monotonic() + 30  # nobody takes it within idle: let go, removed by the engine
+        while time.monotonic() < deadline and docker.containers.list(all=True, filters={"id": refilled[0]}):
+            time.sleep(0.2)
+        assert pool.waiting() == 0 and not docker.containers.list(all=True, filters={"id": refilled[0]})
+    finally:
+        pool.close()
+
+
+def test_make_sandbox_uses_the_shared_pool_unless_turned_off(docker, calc_task, monkeypatch):
+    import sandboxes.docker.pool as pools
+    from tasks.backends import make_sandbox
+
+    monkeypatch.setattr(pools, "_pools", {})
+    monkeypatch.setenv("PATCHGYM_DOCKER_POOL", "0")
+    sb = make_sandbox(calc_task, "docker")
+    sb.close()
+    assert pools._pools == {}
+    monkeypatch.delenv("PATCHGYM_DOCKER_POOL")
+    make_sandbox(calc_task, "docker").close()
+    pool = pools._pools[1]
+    assert pool.waiting() == 0  # a task seen once: no container started ahead for it
+    sb = make_sandbox(calc_task, "docker")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not pool.waiting():
+            time.sleep(0.2)
+        assert pool.waiting() == 1  # seen twice: the next sandbox of this task is already started
+        assert make_sandbox(calc_task, "docker", pool_size=0).close() is None and pools._pools.keys() == {1}
+    finally:
+        sb.close()
+        pools._pools[1].close()
+
+
+def _pool_containers(pool) -> list[str]:
+    return [item[0].id for queue in pool._ready.values() for item in queue]
 
 
 def test_gc_removes_only_patchgym_containers_of_dead_owners(docker, docker_base):
@@ -122,14 +222,57 @@ def test_commands_cannot_reach_the_command_server_or_its_pristine_copy(docker, c
     sb = DockerSandbox(sandbox_spec(calc_task))
     try:
         assert sb.exec("id -u").output.strip() == "1000"
-        attacks = sb.exec("ls /opt/patchgym 2>&1; echo x > /opt/patchgym/agent.py 2>&1; "
-                          "for p in $(pgrep python3); do kill -9 $p; done 2>&1; "
+        # the server is pid 1 (a static binary on a read-only, root-only mount): commands cannot
+        # list, read or change its files, signal it, or write the pristine tree they borrow from
+        attacks = sb.exec("ls /opt/patchgym 2>&1; cat /opt/patchgym/pgserver 2>&1 | head -c 0; "
+                          "echo x > /opt/patchgym/pgserver 2>&1; kill -9 1 2>&1; kill -STOP 1 2>&1; "
+                          "touch /var/lib/patchgym/testbed/x 2>&1; ls /var/lib/patchgym 2>&1; "
                           "touch /usr/lib/x 2>&1; echo done").output
-        assert "Permission denied" in attacks and attacks.rstrip().endswith("done")
+        assert "Permission denied" in attacks and "Operation not permitted" in attacks, attacks
+        assert attacks.rstrip().endswith("done")
+        assert sb.exec("echo alive").output.strip() == "alive"
         sb.write_file("calc/new.py", "X = 1\n")
         assert sb.exec("echo more >> calc/new.py && rm calc/new.py && echo ok").output.strip() == "ok"
+        # the repository's history is borrowed from the image (git alternates), read-only
+        objects = sb.exec("cat .git/objects/info/alternates; touch $(cat .git/objects/info/alternates)/x 2>&1").output
+        assert "/var/lib/patchgym/testbed/.git/objects" in objects and "Permission denied" in objects
+        base = sb.exec("git rev-parse HEAD").output
         sb.exec("rm -rf calc; git commit -qam gone")
+        assert "gone" in sb.exec("git log --oneline -1").output
         sb.reset()
         assert sb.diff() == "" and sb.exec("touch calc/z && echo writable").output.strip() == "writable"
+        assert sb.exec("git fsck && git rev-parse HEAD").output == base
+    finally:
+        sb.close()
+
+
+def test_nothing_a_command_starts_survives_it(docker, calc_task):
+    """Not a process that closed its output first (no pipe left to wait on), nor a zombie: when a
+    command ends, its server (pid 1) is the only process left in the container."""
+    from sandboxes.docker import DockerSandbox
+
+    sb = DockerSandbox(sandbox_spec(calc_task))
+    try:
+        quiet = sb.exec("exec >/dev/null 2>&1; sleep 300 & sleep 300 & true", timeout=20)
+        assert quiet.exit_code == 0 and not quiet.timed_out and quiet.duration < 5
+        sb.exec("(sleep 0.1 &) ; exit 7")
+        ps = sb.exec("ps -eo pid=,stat=,args=").output.splitlines()
+        assert [line.split()[0] for line in ps] == ["1", ps[1].split()[0]], ps  # the server and ps itself
+        assert "pgserver" in ps[0] and not any("Z" in line.split()[1] for line in ps), ps
+    finally:
+        sb.close()
+
+
+def test_exec_reports_cpu_and_the_sandbox_its_usage(docker, calc_task):
+    from sandboxes.docker import DockerSandbox
+
+    sb = DockerSandbox(sandbox_spec(calc_task))
+    try:
+        busy = sb.exec("python -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass' "
+                       "& wait")
+        assert busy.exit_code == 0 and 0.25 <= busy.cpu_seconds <= busy.duration + 0.1, busy
+        assert sb.exec("true").cpu_seconds < 0.25
+        usage = sb.usage()
+        assert usage.cpu_seconds >= 0.25 and usage.peak_memory_bytes > 1 << 20, usage
     finally:
         sb.close()

@@ -1,105 +1,129 @@
-"""Talking to the in-container command server over one Docker exec session (no CLI processes)."""
+"""Talking to a sandbox's command server (``server.c``) over the container's attached stdin/stdout.
+
+One hijacked HTTP connection to the engine per sandbox, opened before the container starts: no
+``docker exec``, no CLI process, no thread. Requests and answers are length-prefixed binary
+messages (no JSON, no base64: command output and file contents go through as bytes):
+
+    request  = u32 size, op (1 byte), fields
+    answer   = u32 size, status (b"0" ok, b"E" error: fields kind, message), fields
+    field    = u32 size, bytes            (u32: big-endian)
+
+The engine multiplexes the container's stdout and stderr on the connection in frames (an 8-byte
+header: the stream, then the payload length); stdout carries the answers, stderr is kept for
+errors. Closing the connection closes the server's stdin (the container is created with
+``StdinOnce``), and the server ends: a client that dies leaves no running sandbox behind.
+"""
 
 from __future__ import annotations
 
-import io
-import json
-import posixpath
 import socket
-import tarfile
 import time
-from pathlib import Path
 
 from ..base import SandboxError
 
-RUNTIME_MODULES = ("base.py", "output.py", "process.py", "files.py", "gitops.py")
-AGENT_DIR = "/opt/patchgym"
-AGENT_COMMAND = ["/usr/bin/python3", "-u", f"{AGENT_DIR}/agent.py"]
+OK, ERROR = b"0", b"E"
 
 
-def agent_archive() -> bytes:
-    """A tar of the command server and the host modules it reuses (as the package ``pgrt``)."""
-    here = Path(__file__).resolve().parent
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        def add(path: Path, name: str) -> None:
-            info = tar.gettarinfo(str(path), arcname=name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            with path.open("rb") as fh:
-                tar.addfile(info, fh)
-        top = posixpath.basename(AGENT_DIR)
-        add(here / "agent.py", f"{top}/agent.py")
-        tar.addfile(tarfile.TarInfo(f"{top}/pgrt/__init__.py"), io.BytesIO(b""))
-        for name in RUNTIME_MODULES:
-            add(here.parent / name, f"{top}/pgrt/{name}")
-    return buf.getvalue()
+class ServerError(Exception):
+    """An error the command server answered with: ``kind`` (outside, notfound, notregular,
+    workspace, internal) and its message."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
-class AgentConnection:
-    """A JSON-line request/response channel to ``agent.py`` running in a container.
+def encode_request(op: bytes, *fields: bytes) -> bytes:
+    body = bytearray(op)
+    for field in fields:
+        body += len(field).to_bytes(4, "big")
+        body += field
+    return len(body).to_bytes(4, "big") + bytes(body)
 
-    Docker multiplexes an exec's stdout and stderr on one socket in frames (an 8-byte header: the
-    stream, then the payload length); stdout carries the responses, stderr is kept for errors.
-    """
 
-    def __init__(self, client, container_id: str, *, start_timeout: float = 60.0) -> None:
-        exec_id = client.api.exec_create(container_id, AGENT_COMMAND, stdin=True, stdout=True, stderr=True,
-                                         tty=False)["Id"]
-        self._socket_io = client.api.exec_start(exec_id, socket=True)
-        self._sock: socket.socket = self._socket_io._sock
+def decode_answer(body: bytes) -> tuple[bytes, list[bytes]]:
+    """The status and fields of an answer's body (after its size)."""
+    status, fields, at = body[:1], [], 1
+    while at < len(body):
+        size = int.from_bytes(body[at:at + 4], "big")
+        fields.append(body[at + 4:at + 4 + size])
+        at += 4 + size
+    if at != len(body) or status not in (OK, ERROR):
+        raise SandboxError("the container's command server sent a malformed answer")
+    return status, fields
+
+
+class ServerConnection:
+    """A request/answer channel to the command server of one container."""
+
+    def __init__(self, sock: socket.socket, closer=None) -> None:
+        self._sock = sock
+        self._closer = closer
         self._buffer = bytearray()
         self._stderr = bytearray()
-        hello = self._read_line(time.monotonic() + start_timeout)
-        if not hello.get("ready"):
-            raise SandboxError(f"the container's command server did not start: {hello}")
 
-    def request(self, payload: dict, timeout: float) -> dict:
+    def wait_ready(self, timeout: float) -> None:
+        """Wait for the server's greeting (sent once /testbed is filled)."""
+        fields = self._answer(time.monotonic() + timeout, "the container's command server did not start")
+        if not fields or fields[0] != b"ready":
+            raise SandboxError(f"the container's command server did not start: {fields!r}")
+
+    def request(self, op: bytes, fields: tuple[bytes, ...], timeout: float) -> list[bytes]:
+        """Send one request; its answer's fields, or :class:`ServerError`."""
         try:
-            self._sock.sendall(json.dumps(payload).encode() + b"\n")
+            self._sock.sendall(encode_request(op, *fields))
         except OSError as exc:
             raise SandboxError(f"lost the container's command server: {exc}") from None
-        return self._read_line(time.monotonic() + timeout)
+        return self._answer(time.monotonic() + timeout, "the container's command server stopped answering")
 
     def close(self) -> None:
-        for closer in (self._sock.close, self._socket_io.close):
+        for closer in (self._sock.close, self._closer):
             try:
-                closer()
+                if closer is not None:
+                    closer()
             except OSError:
                 pass
 
-    def _read_line(self, deadline: float) -> dict:
-        while b"\n" not in self._buffer:
-            stream, payload = self._read_frame(deadline)
+    def _answer(self, deadline: float, late: str) -> list[bytes]:
+        size = int.from_bytes(self._read(4, deadline, late), "big")
+        status, fields = decode_answer(self._read(size, deadline, late))
+        if status == ERROR:
+            kind, message = (f.decode(errors="replace") for f in (fields + [b"", b""])[:2])
+            raise ServerError(kind, message)
+        return fields
+
+    def _read(self, n: int, deadline: float, late: str) -> bytes:
+        """``n`` bytes of the server's stdout (stderr frames set aside)."""
+        while len(self._buffer) < n:
+            stream, payload = self._frame(deadline, late)
             if stream == 2:
                 self._stderr += payload
                 del self._stderr[:-4000]
             else:
                 self._buffer += payload
-        line, _, rest = bytes(self._buffer).partition(b"\n")
-        self._buffer = bytearray(rest)
-        return json.loads(line)
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
 
-    def _read_frame(self, deadline: float) -> tuple[int, bytes]:
-        header = self._read_exact(8, deadline)
-        size = int.from_bytes(header[4:8], "big")
-        return header[0], self._read_exact(size, deadline)
+    def _frame(self, deadline: float, late: str) -> tuple[int, bytes]:
+        header = self._read_exact(8, deadline, late)
+        return header[0], self._read_exact(int.from_bytes(header[4:8], "big"), deadline, late)
 
-    def _read_exact(self, n: int, deadline: float) -> bytes:
+    def _read_exact(self, n: int, deadline: float, late: str) -> bytes:
         chunks = bytearray()
         while len(chunks) < n:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise SandboxError("the container's command server stopped answering")
+                raise SandboxError(late)
             self._sock.settimeout(remaining)
             try:
-                chunk = self._sock.recv(n - len(chunks))
+                chunk = self._sock.recv(min(n - len(chunks), 1 << 20))
             except TimeoutError:
                 continue
             except OSError as exc:
                 raise SandboxError(f"lost the container's command server: {exc}") from None
             if not chunk:
-                detail = self._stderr.decode(errors="replace")[-1500:]
+                detail = self._stderr.decode(errors="replace")[-1500:].strip()
                 raise SandboxError(f"the container's command server exited{': ' + detail if detail else ''}")
             chunks += chunk
         return bytes(chunks)

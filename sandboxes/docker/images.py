@@ -788,7 +788,12 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
             parent = posixpath.dirname(PRISTINE_DIR)
             box.run(["sh", "-c", f"mkdir -p {parent} && chmod 700 {parent} && cp -al {WORKDIR} {PRISTINE_DIR}"],
                     what="linking the pristine tree")
-            code, usage = box.run_capture([f"du -s -B1 {WORKDIR} | cut -f1; find {WORKDIR} | wc -l"], shell_args=True)
+            # Sandboxes borrow the repository's objects from the pristine tree (git alternates): what
+            # their /testbed tmpfs must hold is the rest (images built before count the objects too).
+            objects = f"{WORKDIR}/.git/objects"
+            code, usage = box.run_capture([f"du -s -B1 --exclude={objects} {WORKDIR} | cut -f1; "
+                                           f"find {WORKDIR} -path '{objects}/*' -prune -o -print | wc -l"],
+                                          shell_args=True)
             testbed_bytes, testbed_files = usage.split() if code == 0 else ("", "")
             if not (testbed_bytes.isdigit() and testbed_files.isdigit()):
                 raise EnvironmentBuildError(f"cannot measure {WORKDIR} in {tag}: {usage.strip()}")
