@@ -276,3 +276,20 @@ def test_exec_reports_cpu_and_the_sandbox_its_usage(docker, calc_task):
         assert usage.cpu_seconds >= 0.25 and usage.peak_memory_bytes > 1 << 20, usage
     finally:
         sb.close()
+
+
+def test_grading_commands_use_no_warm_pool_unless_asked(monkeypatch):
+    """eval, tasks validate and the like grade each image about once: a container started ahead
+    is wasted and competes with the tests (bench/docker_pool.py); PATCHGYM_DOCKER_POOL asks for one."""
+    import tasks.backends
+    from gym_envs.cli import commands
+
+    seen = []
+    monkeypatch.setattr(tasks.backends, "sandbox_factory", lambda backend, **options: seen.append(options) or print)
+    monkeypatch.setattr(commands, "_reap", lambda **_: {})
+    monkeypatch.delenv("PATCHGYM_DOCKER_POOL", raising=False)
+    commands._verifier("docker", "auto")
+    commands._verifier("local", "auto")
+    monkeypatch.setenv("PATCHGYM_DOCKER_POOL", "2")
+    commands._verifier("docker", "auto")
+    assert seen == [{"pool_size": 0}, {"isolation": "auto"}, {}]

@@ -63,6 +63,10 @@ def _verifier(backend: str, isolation: str, ray_address: str | None = None, ray_
     from tasks.backends import sandbox_factory
 
     options = backend_options(backend, isolation, ray_address, ray_sandbox)
+    if "docker" in (backend, options.get("inner")) and "PATCHGYM_DOCKER_POOL" not in os.environ:
+        # Grading alone asks for each image about once, and a container started ahead competes with
+        # the tests for the cores: no warm pool unless asked for (bench/README.md, docker_pool.py).
+        options["pool_size"] = 0
     try:
         verifier = Verifier(sandbox_factory(backend, **options), prices=price)
     except ValueError as exc:

@@ -42,7 +42,9 @@ SMALL_SCRATCH = (64 << 20, 10_000)  # bytes, inodes at most for /dev/shm and /ru
 
 @lru_cache(maxsize=256)
 def _testbed_usage(image: str) -> tuple[int, int]:
-    """The bytes and inodes of the image's /testbed, measured when it was built."""
+    """The bytes and inodes of the image's /testbed, measured when it was built: without
+    ``.git/objects``, which sandboxes borrow from the image (images built before that count it,
+    so their sandboxes may write that much more)."""
     labels = docker_client().images.get(image).labels or {}
     try:
         return int(labels[TESTBED_BYTES_LABEL]), int(labels[TESTBED_FILES_LABEL])

@@ -1,25 +1,27 @@
 """A warm pool: sandbox containers started ahead of need, handed out at once.
 
-A container start costs about a third of a second (create, attach, start, the server filling
-/testbed); a container from the pool costs one request to its running server. Once an (image,
-limits, network) key has been asked for ``warm_after`` times (or prefilled), acquiring a container
-for it starts its replacement in the background, so a key in use stays warm: the next rollout of
-the same task, and its grading sandbox.
+A container start costs about 0.3 s (create, attach, start, the server filling /testbed; more for
+a large working tree); a container from the pool costs one request to its running server. Once an
+(image, limits, network) key has been asked for ``warm_after`` times (or prefilled), acquiring a
+container for it starts its replacement in the background, so a key in use stays warm: the next
+rollout of the same task, and its grading sandbox.
 
 What it costs: every replacement is a container start, wasted when no sandbox of that key is asked
-for again. Measured (bench/docker_pool.py), refilling from a key's first use made ``patchgym eval``
-(each instance graded once) about 1.5 times slower on 2 cores and gave single episodes nothing
-(their grading sandbox was asked for before its replacement had started); hence ``warm_after`` 2:
-a task seen once costs nothing extra, a task seen again is kept warm. Waiting containers are let go
-after ``idle`` seconds, and at most ``max_waiting`` wait at once (the longest-waiting goes first);
-a waiting container holds about 3 MiB of the host plus its /testbed (bench/docker_sandbox.py).
+for again, and on a busy machine it competes with the tests for the cores. Measured on 2 cores
+(bench/docker_pool.py, bench/README.md): episodes of tasks seen again were 0.3 s shorter (the reset
+and most gradings warm) for 6 % more container starts; ``patchgym eval`` (each instance graded
+once, but some images shared) was 8-10 % slower with it. Refilling from a key's first use would
+waste a start on every task seen once, hence ``warm_after`` 2. Waiting containers are let go after
+``idle`` seconds, and at most ``max_waiting`` wait at once (the longest-waiting goes first); a
+waiting container holds about 3 MiB of the host plus its /testbed (bench/docker_sandbox.py).
 Nothing leaks: a waiting container's server ends when the pool lets it go or when the pool's
 process ends (its stream closes), the engine then removes it, and it carries the sandbox labels,
 so ``patchgym sandboxes gc`` and the reaper find any left.
 
 ``make_sandbox(task, "docker")`` (the server, ``patchgym run``, RepoEnv) uses the process-wide pool
 of :func:`default_pool_size` (``PATCHGYM_DOCKER_POOL``, 0 turns it off; the sandbox option
-``pool_size`` overrides it); ``DockerSandbox(...)`` itself uses a pool only when given one.
+``pool_size`` overrides it); the grading commands (``eval``, ``tasks validate``, ...) use none
+unless ``PATCHGYM_DOCKER_POOL`` is set; ``DockerSandbox(...)`` uses a pool only when given one.
 """
 
 from __future__ import annotations
