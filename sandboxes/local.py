@@ -6,8 +6,9 @@ checkout (see ``mounts.py``); elsewhere the workspace is a copy and the disk is 
 warning says so). Commands run in the sandbox's namespaces (no network, read-only host, private
 /tmp) inside its cgroups: one init process per sandbox (``sandbox_init.py``, pid 1 of those
 namespaces, started by ``init_process.py``) runs each command and kills whatever it left, so a
-command costs one process spawn; reset and close kill the init, and its namespace with it. Without bubblewrap the same commands run as plain processes, with a
-warning: that mode bounds resources and cleans up, but it does not contain hostile code.
+command costs one process spawn; reset and close kill the init, and its namespace with it.
+Without bubblewrap the same commands run as plain processes, with a warning: that mode bounds
+resources and cleans up, but it does not contain hostile code.
 """
 
 from __future__ import annotations
