@@ -2,9 +2,10 @@
 
 Started once per sandbox (and again after a reset) inside bubblewrap, with the sandbox's
 namespaces, mounts, cgroups and rlimits already in place, so a command costs one process spawn
-instead of building all of those again (about 10 ms on 2 cores). Standard library only, like the
-docker backend's ``agent.py``, and run the same way: the host's modules it reuses are mounted next
-to it as the package ``pgrt`` (the same capped, hang-free process runner).
+instead of building all of those again (about 10 ms on 2 cores). Standard library only: the
+host's modules it reuses are mounted next to it as the package ``pgrt`` (the same capped,
+hang-free process runner the plain fallback uses). The docker backend's counterpart is the C
+server ``docker/server.c``, pid 1 of its container, which ends commands the same way.
 
 Requests and answers are JSON lines on stdin and stdout. Nothing a command starts survives it: as
 pid 1 of the sandbox's pid namespace, this process ends every command with ``kill(-1, SIGKILL)``,
