@@ -139,11 +139,10 @@ class LocalSandbox(ClosesItself):
             self._check_open()
             run_cwd = self.workdir if cwd is None else self._sandbox_path(cwd)
             limit = output_limit or DEFAULT_OUTPUT_LIMIT
-            cpu_before = self._group.cpu_seconds() if self._group is not None else None
             if self._bwrap_prefix is not None:
-                result = self._exec_in_init(command, timeout, run_cwd, env, limit)
-            else:
-                result = self._exec_plain(command, timeout, run_cwd, env, limit)
+                return self._exec_in_init(command, timeout, run_cwd, env, limit)
+            cpu_before = self._group.cpu_seconds() if self._group is not None else None
+            result = self._exec_plain(command, timeout, run_cwd, env, limit)
             cpu_after = self._group.cpu_seconds() if cpu_before is not None and self._group is not None else None
             if cpu_before is not None and cpu_after is not None:
                 result = dataclasses.replace(result, cpu_seconds=round(max(0.0, cpu_after - cpu_before), 6))
@@ -156,7 +155,6 @@ class LocalSandbox(ClosesItself):
             self._start_init()
         assert self._init is not None
         start = time.monotonic()
-        oom_before = self._group.oom_kills() if self._group is not None else None
         request = {"command": command, "cwd": cwd, "env": env or {}, "timeout": timeout, "limit": limit}
         try:
             # The init enforces the timeout itself; the margin covers killing what the command left.
@@ -168,7 +166,7 @@ class LocalSandbox(ClosesItself):
             errors = self._init.errors()
             self._stop_init()
             self._check_open()  # closed from another thread while the command ran
-            if self._group is not None and (self._group.oom_kills() or 0) > (oom_before or 0):
+            if self._group is not None and (self._group.oom_kills() or 0) > self._oom_kills_at_start:
                 return ExecResult(exit_code=-signal.SIGKILL, timed_out=False, duration=time.monotonic() - start,
                                   output="\n[patchgym: command killed: out of memory (the sandbox's memory limit)]\n")
             if not self._init_started:
@@ -179,7 +177,8 @@ class LocalSandbox(ClosesItself):
             self._stop_init()
             raise SandboxError(f"sandbox {self.id}: {response.get('message', response['error'])}")
         return ExecResult(exit_code=response["exit_code"], output=response["output"], timed_out=response["timed_out"],
-                          duration=response["duration"], truncated=response["truncated"])
+                          duration=response["duration"], truncated=response["truncated"],
+                          cpu_seconds=response["cpu_seconds"])
 
     def _exec_plain(self, command: str, timeout: float, cwd: str, env: dict[str, str] | None,
                     limit: int) -> ExecResult:
@@ -203,6 +202,8 @@ class LocalSandbox(ClosesItself):
         argv = launcher(self.limits, self._group) + with_command(self._bwrap_prefix + ["--as-pid-1"], env,
                                                                  self._init_argv, "/")
         self._init_started = False
+        # An init that dies mid-command was killed for the memory limit if this count grew since.
+        self._oom_kills_at_start = (self._group.oom_kills() if self._group is not None else None) or 0
         try:
             self._init = InitProcess(argv, env)
         except OSError as exc:

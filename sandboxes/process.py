@@ -10,6 +10,7 @@ passes) every process left in its tree is killed, so reading always reaches end-
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -102,6 +103,33 @@ class ProcessLimitWatch:
         return None
 
 
+def _await_exit(proc: subprocess.Popen, deadline: float, watchdog: Watchdog | None) -> tuple[bool, str | None]:
+    """Wait for ``proc`` to exit, woken the moment it does (a pidfd, where the kernel has them),
+    polling ``watchdog`` meanwhile; return (timed out, why it must be killed)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # kernels before 5.3: poll instead
+        pidfd = None
+    pause = 0.0002
+    try:
+        while proc.poll() is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True, None
+            reason = watchdog() if watchdog is not None else None
+            if reason:
+                return False, reason
+            if pidfd is not None:
+                select.select([pidfd], [], [], min(0.05, remaining))
+            else:
+                time.sleep(min(pause, remaining))
+                pause = min(pause * 2, 0.05)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return False, None
+
+
 def _read_number(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -182,14 +210,8 @@ def run_capped(
                 # A command that closed its output may still be running (coreutils close stdout
                 # before they exit): it ends when its main process does, as it would had its
                 # output stayed open. Killing it now could take its own exit status from it.
-                pause = 0.0002
-                while proc.poll() is None and not (timed_out or killed):
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                    elif watchdog is not None:
-                        killed = watchdog()
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.05)
+                if not (timed_out or killed) and proc.poll() is None:
+                    timed_out, killed = _await_exit(proc, deadline, watchdog)
                 break
             out.feed(chunk)
     finally:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -32,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pgrt.process import ProcessLimitWatch, is_dead_or_exiting, run_capped  # noqa: E402
 
 PR_SET_DUMPABLE = 4
+BASH = shutil.which("bash") or "bash"  # looked up once: a PATH search costs every command failed execs
 # The sandbox's pids cgroup (mounted read-only at its host path), for the fork-bomb watchdog.
 PIDS_CGROUP = sys.argv[1] if len(sys.argv) > 1 else ""
 
@@ -88,13 +90,22 @@ def handle(request: dict) -> dict:
     env = dict(os.environ)
     env.update(request.get("env") or {})
     watch = ProcessLimitWatch(Path(PIDS_CGROUP)) if PIDS_CGROUP else None
-    result = run_capped(["bash", "-c", script], timeout=float(request["timeout"]), output_limit=int(request["limit"]),
+    before = _children_cpu()
+    result = run_capped([BASH, "-c", script], timeout=float(request["timeout"]), output_limit=int(request["limit"]),
                         cwd="/", env=env, kill_tree=end_strays, watchdog=watch)
     if not reap_all():
         return {"error": "survivors", "message": "processes of the command could not be killed"}
     clear_ipc()
     return {"exit_code": result.exit_code, "output": result.output, "timed_out": result.timed_out,
-            "duration": result.duration, "truncated": result.truncated}
+            "duration": result.duration, "truncated": result.truncated,
+            "cpu_seconds": round(_children_cpu() - before, 6)}
+
+
+def _children_cpu() -> float:
+    """CPU time of every reaped descendant: being pid 1, this process reaps every process a
+    command made, so the difference around a command is exactly what it used."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:

@@ -54,6 +54,18 @@ def test_timeout_kills_the_whole_tree_and_keeps_partial_output(calc_sandbox):
     assert ps.stdout.strip() == "", "processes survived the timeout"
 
 
+def test_a_command_that_closes_its_output_ends_when_it_exits(calc_sandbox):
+    """Its exit status stands (coreutils close stdout before they exit, and were once killed in
+    that gap), and its timeout still applies."""
+    assert {calc_sandbox.exec("cat pyproject.toml > /dev/null; cat pyproject.toml").exit_code for _ in range(40)} == {0}
+    quiet = calc_sandbox.exec("exec >&- 2>&-; sleep 0.3; exit 4", timeout=10)
+    assert quiet.exit_code == 4 and not quiet.timed_out and quiet.duration >= 0.3, quiet
+    stuck = calc_sandbox.exec("exec >&- 2>&-; sleep 30", timeout=1)
+    assert stuck.timed_out and "timed out after 1s" in stuck.output and stuck.duration < 10, stuck
+    noisy = calc_sandbox.exec("exec >&-; echo err >&2; sleep 30", timeout=1)
+    assert noisy.timed_out and noisy.output.startswith("err") and "timed out" in noisy.output, noisy
+
+
 def test_background_processes_do_not_outlive_the_command(calc_sandbox):
     start = time.monotonic()
     result = calc_sandbox.exec("(sleep 300 &) ; nohup sleep 300 >/dev/null 2>&1 & echo bg", timeout=30)
