@@ -743,20 +743,28 @@ static int field_string(const struct field *f, char *out, size_t size, const cha
     return 0;
 }
 
+/* Open a file of the workspace as a regular file only: never through a symlink (O_NOFOLLOW), never
+ * blocking on a FIFO (O_NONBLOCK). On failure the request is answered here and -1 returned. */
+static int open_regular(const char *path, int flags, struct stat *st) {
+    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        respond_errno(errno, path);
+        return -1;
+    }
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        close(fd);
+        respond_error("notregular", "%s is not a regular file", path);
+        return -1;
+    }
+    return fd;
+}
+
 static void do_read(const struct field *f) {
     char given[PATH_MAX], path[PATH_MAX];
     if (field_string(&f[0], given, sizeof given, "path") != 0 || !resolve_in_workspace(given, path)) return;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        respond_errno(errno, path);
-        return;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        respond_error("notregular", "%s is not a regular file", path);
-        return;
-    }
+    int fd = open_regular(path, O_RDONLY, &st);
+    if (fd < 0) return;
     if (st.st_size > MAX_FILE) {
         close(fd);
         respond_error("internal", "%s is larger than %u bytes: too large to read through the sandbox", path, MAX_FILE);
@@ -840,17 +848,9 @@ static void do_write(const struct field *f) {
         if (saved == 0) break;
     }
     if (!resolve_in_workspace(parent, check)) return; /* mkdir must not have crossed a symlink */
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        respond_errno(errno, path);
-        return;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        respond_error("notregular", "%s is not a regular file", path);
-        return;
-    }
+    int fd = open_regular(path, O_WRONLY | O_CREAT | O_TRUNC, &st);
+    if (fd < 0) return;
     fcntl(fd, F_SETFL, 0);
     if (write_all(fd, f[1].data, f[1].len) != 0) {
         int err = errno;
