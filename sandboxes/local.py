@@ -97,6 +97,7 @@ class LocalSandbox(ClosesItself):
         self._bwrap_prefix: list[str] | None = None
         self._init: InitProcess | None = None
         self._init_started = False  # the init process has answered once (bubblewrap worked)
+        self._closing = False
         try:
             self._template = pristine_checkout(spec.repo, spec.base_commit)
             self._pristine = _pristine(self._template)
@@ -110,12 +111,12 @@ class LocalSandbox(ClosesItself):
             self._group = ProcessGroup(self.limits)
             if self.isolated:
                 init_python, init_prefix, init_site = init_interpreter()
-                self._pids_cgroup = self._group.dirs.get("pids")
+                pids_cgroup = self._group.dirs.get("pids")  # read by the init's fork-bomb watchdog
                 read_only = list(dict.fromkeys([*self.env.mounts, init_prefix, runtime_dir()]))
                 self._init_argv = [init_python, "-I", "-S", str(runtime_dir() / "sandbox_init.py")]
-                if self._pids_cgroup is not None:
-                    read_only.append(self._pids_cgroup)
-                    self._init_argv.append(str(self._pids_cgroup))
+                if pids_cgroup is not None:
+                    read_only.append(pids_cgroup)
+                    self._init_argv.append(str(pids_cgroup))
                 self._bwrap_prefix = bwrap_prefix(Mounts(workspace=self.workspace, tmp=self.tmp, read_only=read_only,
                                                          hidden=list(dict.fromkeys(self._hidden + list(init_site)))))
             self._fill()
@@ -165,7 +166,8 @@ class LocalSandbox(ClosesItself):
         if response is None:
             errors = self._init.errors()
             self._stop_init()
-            self._check_open()  # closed from another thread while the command ran
+            if self._closing:
+                raise SandboxClosedError(f"sandbox {self.id} was closed while the command ran")
             if self._group is not None and (self._group.oom_kills() or 0) > self._oom_kills_at_start:
                 return ExecResult(exit_code=-signal.SIGKILL, timed_out=False, duration=time.monotonic() - start,
                                   output="\n[patchgym: command killed: out of memory (the sandbox's memory limit)]\n")
@@ -260,7 +262,8 @@ class LocalSandbox(ClosesItself):
 
     def close(self) -> None:
         if not self._closed and self._group is not None and self._group.active:
-            self._group.kill_all()  # a command running in another thread ends now, not at its timeout
+            self._closing = True  # a command running in another thread ends now, not at its timeout,
+            self._group.kill_all()  # and says that the sandbox was closed
         with self._lock:
             if self._closed:
                 return

@@ -361,6 +361,29 @@ def test_shared_memory_and_ipc_objects_do_not_outlive_the_command(calc_sandbox):
     assert after.output.split() == ["0", "0"], after.output
 
 
+def test_close_from_another_thread_ends_a_running_command_at_once(calc_task):
+    from tasks.backends import make_sandbox
+
+    sb = make_sandbox(calc_task)
+    sb.exec("true")
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = sb.exec("sleep 60", timeout=120)
+        except SandboxError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    sb.close()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - start < 15
+    assert isinstance(outcome.get("error"), SandboxClosedError) or not outcome["result"].ok, outcome
+
+
 @needs_bwrap
 def test_an_init_process_killed_from_outside_is_an_infrastructure_error_then_replaced(calc_sandbox):
     calc_sandbox.exec("echo kept > kept.txt")
