@@ -158,7 +158,8 @@ def test_environment_image_is_built_once_and_has_pytest(client, calc_task, env_t
     pip = run(client, env_tag, "python -m pip --version").split()[1]
     assert pip.startswith("24."), pip
     # build containers are always removed
-    assert not client.containers.list(all=True, filters={"label": f"{KIND_LABEL}=build", "ancestor": image.id})
+    left = client.containers.list(all=True, filters={"label": f"{KIND_LABEL}=build", "ancestor": image.id})
+    assert not left, [(c.name, c.status, c.attrs["Config"]["Image"], c.attrs["Created"], c.labels) for c in left]
 
 
 @pytest.mark.slow

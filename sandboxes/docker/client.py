@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from functools import lru_cache
 
 from ..base import SandboxError
+
+log = logging.getLogger(__name__)
 
 # Every container and image patchgym creates carries MANAGED_LABEL=1 plus its kind; gc and the
 # reaper only ever touch objects with this label.
@@ -43,3 +47,29 @@ def docker_available() -> bool:
 
 def owner_id() -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
+
+
+def remove_container(container, *, attempts: int = 3) -> bool:
+    """Remove a container and its anonymous volumes; False when it was not there to remove (gone
+    already, or being removed by someone else: auto_remove, another gc) or the engine kept failing.
+
+    Other engine errors (a busy overlay mount, an engine restarting) are tried again: a build
+    container left behind stays until ``patchgym sandboxes gc`` finds it."""
+    import docker.errors
+
+    for attempt in range(1, attempts + 1):
+        try:
+            container.remove(force=True, v=True)
+            return True
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409 and "in progress" in str(exc):  # someone else is removing it
+                return False
+            error: Exception = exc
+        except Exception as exc:  # the engine went away, a socket error
+            error = exc
+        log.debug("removing container %s (attempt %d): %s", getattr(container, "id", "?")[:12], attempt, error)
+        if attempt < attempts:
+            time.sleep(0.2 * attempt)
+    return False

@@ -28,6 +28,7 @@ from .client import (
     TESTBED_FILES_LABEL,
     docker_client,
     owner_id,
+    remove_container,
 )
 from .connection import ServerConnection
 from .runtime import RUNTIME_MOUNT, SERVER, discard_runtime, runtime_volume
@@ -120,17 +121,6 @@ def start_container(image: str, limits: ResourceLimits, lifetime: int, network: 
             remove_container(container)
             raise
     raise AssertionError("unreachable: the second attempt returns or raises")
-
-
-def remove_container(container) -> bool:
-    """Remove a container; False when it was not there to remove (gone already, or being removed
-    by someone else: auto_remove, another gc) or the engine failed."""
-    try:
-        container.remove(force=True, v=True)
-        return True
-    except Exception as exc:
-        log.debug("removing container %s: %s", getattr(container, "id", "?")[:12], exc)
-        return False
 
 
 # Removing a running container takes 100-200 ms of the engine's time; close() hands it to these

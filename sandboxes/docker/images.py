@@ -73,6 +73,7 @@ from .client import (
     TESTBED_FILES_LABEL,
     docker_client,
     owner_id,
+    remove_container,
 )
 
 log = logging.getLogger(__name__)
@@ -637,10 +638,8 @@ class _BuildContainer:
         return f"{repository}:{tag}"
 
     def remove(self) -> None:
-        try:
-            self.container.remove(force=True, v=True)
-        except Exception as exc:  # pragma: no cover - engine trouble; the labels let gc find it
-            log.warning("could not remove build container %s: %s", self.container.name, exc)
+        if not remove_container(self.container):  # engine trouble; the labels let gc find it
+            log.warning("could not remove build container %s", self.container.name)
 
     def __enter__(self) -> _BuildContainer:
         return self

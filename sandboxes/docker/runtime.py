@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..base import EnvironmentBuildError, SandboxError
 from ..locks import file_lock
-from .client import KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client, owner_id
+from .client import KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client, owner_id, remove_container
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,5 @@ def _prune_others(keep: str) -> None:
 
 
 def _remove_quietly(container) -> None:
-    try:
-        container.remove(force=True, v=True)
-    except Exception as exc:  # the label lets gc find it
-        log.warning("could not remove build container %s: %s", container.id[:12], exc)
+    if not remove_container(container):  # the label lets gc find it
+        log.warning("could not remove build container %s", container.id[:12])
