@@ -63,10 +63,12 @@ def explain(report: InstanceReport) -> str:
 
 def bare_command(task) -> str:
     """The task's test command on its FAIL_TO_PASS + PASS_TO_PASS tests, as a user would type it:
-    pytest's ids appended (no runtime, junit file or canaries), the other runners' labels or files."""
+    pytest's ids or their files (as the task's ``selection`` says) appended (no runtime, junit file or
+    canaries), the other runners' labels or files."""
     tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
     if task.test_spec.format == "pytest":
-        return f"{task.test_spec.command} {' '.join(shlex.quote(t) for t in pytest_selectors(tests))}"
+        selectors = pytest_selectors(tests, task.test_spec.selection)
+        return f"{task.test_spec.command} {' '.join(shlex.quote(t) for t in selectors)}"
     return build_command(task.test_spec.format, task.test_spec.command, tests, changed_test_files(task.test_patch))
 
 

@@ -61,6 +61,12 @@ class TestSpec(BaseModel):
     command: str = DEFAULT_TEST_COMMAND
     format: TestFormat = "pytest"
     timeout: float = Field(900.0, gt=0, description="seconds the test run may take")
+    # pytest only. SWE-bench's harness runs whole test files and its FAIL_TO_PASS/PASS_TO_PASS
+    # lists come from such runs: a test that passes only after an earlier test of its file (a
+    # shared fixture's state) passes there and fails when run alone. "files" runs the files that
+    # hold the ids (grading still reads only the ids); "ids" runs just the ids (faster).
+    selection: Literal["ids", "files"] = Field(
+        "ids", description="pytest: run the test ids, or the whole files that hold them (as SWE-bench)")
 
     @model_validator(mode="before")
     @classmethod

@@ -286,7 +286,7 @@ def environment_from_config(config: Mapping[str, Any], repo: str) -> tuple[Envir
             warnings.append(f"eval_commands step not run before the tests: {step!r}")
     if env_vars:
         command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items()) + " " + command
-    spec: dict[str, Any] = {"command": command, "format": fmt}
+    spec: dict[str, Any] = {"command": command, "format": fmt, "selection": "files"}  # as SWE-bench ran them
     timeout = config.get("timeout")
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
         spec["timeout"] = float(timeout)
@@ -296,7 +296,7 @@ def environment_from_config(config: Mapping[str, Any], repo: str) -> tuple[Envir
 def default_environment(repo: str) -> tuple[EnvironmentConfig, TestSpec]:
     fmt = detect_format({}, "", repo)
     packages = ["pytest"] if fmt == "pytest" else []
-    return EnvironmentConfig(packages=packages, install=[DEFAULT_INSTALL]), TestSpec(format=fmt)
+    return EnvironmentConfig(packages=packages, install=[DEFAULT_INSTALL]), TestSpec(format=fmt, selection="files")
 
 
 def _patchgym_value(key: str, value: Any) -> bool:

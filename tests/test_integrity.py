@@ -33,6 +33,57 @@ def test_canaries_come_in_random_numbers_and_do_what_they_claim():
     assert len(counts) > 3, "the numbers of canaries should vary from run to run"
 
 
+HIDDEN_MODULE = b'''"""Tests."""
+import pytest
+from calc import (add,
+                  mean)
+
+CASES = [1, 2]
+
+
+@pytest.mark.parametrize("n", CASES)
+def test_one(n):
+    text = """
+def test_not_a_test(): pass
+"""
+    assert add(n, 0) == n
+
+
+class TestTwo:
+    def test_three(self):
+        assert mean([1]) == 1
+
+
+def test_four():
+    assert True
+'''
+
+
+def test_canaries_spread_through_a_whole_file_keep_its_tests_and_their_order():
+    """Where pytest runs whole files, the canaries run where they sit: anywhere after the imports,
+    not always after the module's own tests (a forger would spare the end of each module)."""
+    import ast
+
+    own = ["test_one", "TestTwo", "test_four"]
+    not_last = 0
+    for _ in range(30):
+        canaries = integrity.make_canaries("tests/test_x.py", HIDDEN_MODULE)
+        text = canaries.written_into(HIDDEN_MODULE, spread=True).decode()
+        tree = ast.parse(text)
+        names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert [n for n in names if n in own] == own, "the module's tests stay, in their order"
+        assert sorted(n for n in names if n not in own) == sorted(i.split("::")[1] for i in canaries.ids)
+        first_canary = min(i for i, n in enumerate(names) if n not in own)
+        assert all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body[1:3]), "imports first"
+        assert "def test_not_a_test(): pass" in text and text.count("CASES = [1, 2]") == 1
+        not_last += first_canary < names.index("test_four")
+    assert not_last >= 10, "canaries should often run before the module's last test"
+    # a module that does not parse gets them appended, as where ids run
+    broken = b"def test_x(:\n"
+    canaries = integrity.make_canaries("t.py", broken)
+    assert canaries.written_into(broken, spread=True) == canaries.written_into(broken)
+
+
 def _records(*reports: dict) -> str:
     lines = [{"event": "start", "pid": 1}]
     lines += [{"event": "report", "xfail": False, "declared": True, **r} for r in reports]

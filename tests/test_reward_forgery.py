@@ -560,6 +560,41 @@ def _pg_spare_plugin():
         _cfg.pluginmanager.register(_pg_spare_plugin(), "pg-spare")
 """)
 
+# (1a) Where pytest runs whole files (SWE-bench's way), canaries appended to their module would run
+# as its last tests: force every outcome but those of each module's last nine items (the most
+# canaries there are). Won against appended canaries whenever the failing hidden tests ran before them.
+P_SPARE_EACH_MODULES_TAIL = REGISTER_FN + """
+
+def _pg_tail_plugin():
+    import pytest
+
+    class ForceAllButEachModulesTail:
+        spared = set()
+
+        def pytest_collection_modifyitems(self, session, config, items):
+            by_module = {}
+            for item in items:
+                by_module.setdefault(item.nodeid.split("::")[0], []).append(item.nodeid)
+            for ids in by_module.values():
+                self.spared.update(ids[-9:])
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            outcome = yield
+            report = outcome.get_result()
+            if item.nodeid not in self.spared:
+                report.outcome = "passed"
+                report.longrepr = None
+
+    return ForceAllButEachModulesTail()
+
+
+""" + under_pytest("""
+    _cfg = _pg_config()
+    if _cfg is not None:
+        _cfg.pluginmanager.register(_pg_tail_plugin(), "pg-spare-tail")
+""")
+
 # (1b) Flip every other failing report (the first, third, ...) from the innermost (trylast)
 # makereport wrapper, so that no other wrapper sees the true report. Against a single must-fail
 # canary this won whenever the canary's place spared it and the hidden tests' places did not.
@@ -958,6 +993,8 @@ ATTACKS: list[Attack] = [
     Attack("forced passes sparing the last two argv ids (the canaries)", in_package(P_SPARE_LAST_TWO_ARGV),
            Tampering("a test's report was rewritten"),
            note="won whenever the single must-fail canary happened to be one of the last two ids"),
+    Attack("forced passes sparing each module's last nine tests (appended canaries)",
+           in_package(P_SPARE_EACH_MODULES_TAIL), Tampering("a test's report was rewritten")),
     Attack("every other failing report flipped (innermost wrapper)", in_package(P_FLIP_RANDOM_HALF),
            Tampering("a test's report was rewritten"),
            note="won against one must-fail canary whenever its place spared it and flipped the hidden tests"),
@@ -1033,6 +1070,27 @@ def test_patch_attack_gets_no_reward(attack: Attack, task, repo, verifier):
     patch = attack.build(task, repo)
     report = verifier.verify(task, patch)
     assert_refused(report_dict(report), task, resolve_reason(attack.expect, repo), report.test_output)
+
+
+# The in-process and canary-aware attacks again where pytest runs whole files (``selection:
+# files``, SWE-bench's way: rows imported from SWE-bench grade so), on the local backend: the
+# canaries now run where they sit in their module, which must not be the end of it.
+FILES_MODE_ATTACKS = [a for a in ATTACKS if a.name in {
+    "import-time plugin forcing outcomes (gc -> Config)", "every item's runtest replaced by a no-op",
+    "forced passes sparing each module's last nine tests (appended canaries)",
+    "every other failing report flipped (innermost wrapper)",
+    "every other failure swallowed by a pytest_pyfunc_call impl",
+    "tests using a module global neutralized (canaries use none)",
+    "junit and the grader's reporter record both forged, exit 1"}]
+assert len(FILES_MODE_ATTACKS) == 7
+
+
+@pytest.mark.parametrize("attack", [pytest.param(a, id=a.name) for a in FILES_MODE_ATTACKS])
+def test_patch_attack_gets_no_reward_when_whole_files_run(attack: Attack, task, repo):
+    task = task.model_copy(update={"test_spec": task.test_spec.model_copy(update={"selection": "files"})})
+    report = Verifier(sandbox_factory("local")).verify(task, attack.build(task, repo))
+    expect = attack.expect if "forged, exit 1" not in attack.name else AnyOf(Tampering(), NoEffect())
+    assert_refused(report_dict(report), task, resolve_reason(expect, repo), report.test_output)
 
 
 HOSTILE_ADDITIONS: dict[str, tuple[Builder, Callable[[Repo], list[str]]]] = {

@@ -447,6 +447,7 @@ def test_install_config_swe_rebench_style():
     assert env.pre_install == ["apt-get install -y gcc"]
     assert env.install == ["python -m pip install -r requirements/base.txt", "pip install -e ."]
     assert spec.format == "pytest" and spec.command.startswith("pytest --no-header") and not warnings
+    assert spec.selection == "files", "whole test files, as SWE-bench's harness ran them"
 
 
 def test_swebench_specs_style_django_and_sympy():

@@ -1,5 +1,7 @@
 """The shared test runner: a whole suite at a commit with patches applied, each test's outcome."""
 
+import pytest
+
 from gym_envs.grading.testrun import probe, probe_task
 
 
@@ -22,3 +24,48 @@ def test_probe_reports_a_patch_that_does_not_apply(calc_task):
     bad = "--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n"
     run = probe(stand_in, [bad])
     assert run.applied == [False] and run.statuses == {} and run.error
+
+
+ORDER_TESTS = '''_seen = []
+
+
+def test_first_fills_the_cache():
+    _seen.append("filled")
+
+
+def test_second_reads_what_the_first_left():
+    assert _seen == ["filled"]
+'''
+
+
+def _with_order_dependent_tests(task, selection: str):
+    """``task`` whose test patch also adds a module where a test passes only after the one before it
+    (sphinx-8721's test_viewcode_epub_enabled passes only after test_viewcode, as SWE-bench ran it),
+    and whose PASS_TO_PASS names only the second."""
+    lines = ORDER_TESTS.splitlines()
+    new_file = ("diff --git a/tests/test_order.py b/tests/test_order.py\nnew file mode 100644\n"
+                f"--- /dev/null\n+++ b/tests/test_order.py\n@@ -0,0 +1,{len(lines)} @@\n"
+                + "".join(f"+{line}\n" for line in lines))
+    spec = task.test_spec.model_copy(update={"selection": selection})
+    return task.model_copy(update={"test_patch": task.test_patch + new_file, "test_spec": spec,
+                                   "PASS_TO_PASS": ["tests/test_order.py::test_second_reads_what_the_first_left"]})
+
+
+@pytest.mark.parametrize("selection", ["files", "ids"])
+def test_whole_files_run_as_swebench_ran_them(calc_task, selection):
+    """With ``selection: files`` the files that hold the ids run whole, in their own order, and the
+    grade reads the ids; with ``ids`` the second test runs alone and fails."""
+    from gym_envs.grading.verifier import Verifier
+    from tasks.backends import sandbox_factory
+
+    task = _with_order_dependent_tests(calc_task, selection)
+    report = Verifier(sandbox_factory("local")).verify(task, task.patch)
+    command = report.test_output.splitlines()[0]
+    assert not report.tampering_detected and not report.infrastructure_failure, report.test_output[-2000:]
+    if selection == "files":
+        assert report.resolved and report.reward == 1.0, report.test_output[-2000:]
+        assert command.endswith(" tests/test_calc.py tests/test_order.py"), command
+    else:
+        assert not report.resolved
+        assert report.tests_status["PASS_TO_PASS"]["failure"] == task.PASS_TO_PASS
+        assert "tests/test_order.py::test_second_reads_what_the_first_left" in command

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -58,12 +59,46 @@ class Canaries:
     def ids(self) -> list[str]:
         return [*self.must_pass, *self.must_fail]
 
-    def written_into(self, existing: bytes | None) -> bytes:
-        """The file's new content: its own (the hidden tests), then the canaries."""
+    def written_into(self, existing: bytes | None, *, spread: bool = False) -> bytes:
+        """The file's new content: its own (the hidden tests), then the canaries; with ``spread``,
+        each canary at a random place among the module's top-level statements after its imports
+        (where pytest runs whole files, the order within the file is the order of the run)."""
         if not existing:
             return self.source.encode()
-        sep = b"\n\n\n" if existing.endswith(b"\n") else b"\n\n\n\n"
-        return existing + sep + self.source.encode()
+        places = _top_level_starts(existing) if spread else []
+        if not places:
+            sep = b"\n\n\n" if existing.endswith(b"\n") else b"\n\n\n\n"
+            return existing + sep + self.source.encode()
+        lines = existing.splitlines(keepends=True)
+        if not lines[-1].endswith(b"\n"):
+            lines[-1] += b"\n"
+        at: dict[int, list[bytes]] = {}
+        for body in re.split(r"\n+(?=def )", self.source.strip()):
+            at.setdefault(secrets.choice(places), []).append(body.encode())
+        out: list[bytes] = []
+        for index in range(len(lines) + 1):
+            for body in at.get(index, ()):
+                out.append(b"\n\n" + body.rstrip(b"\n") + b"\n\n\n")
+            if index < len(lines):
+                out.append(lines[index])
+        return b"".join(out)
+
+
+def _top_level_starts(source: bytes) -> list[int]:
+    """0-based line numbers where a canary may go: before each top-level statement after the
+    module's last top-level import, and at the end; none when the module does not parse."""
+    try:
+        tree = parse_python(source)
+    except (SyntaxError, ValueError):
+        return []
+    body = tree.body
+    last_import = max((i for i, node in enumerate(body) if isinstance(node, (ast.Import, ast.ImportFrom))),
+                      default=-1)
+    starts = []
+    for node in body[last_import + 1:]:
+        decorators = getattr(node, "decorator_list", None) or []
+        starts.append(min([node.lineno, *(d.lineno for d in decorators)]) - 1)
+    return sorted({*starts, len(source.splitlines())})
 
 
 def _name() -> str:

@@ -239,7 +239,11 @@ def pytest_selector(test_id: str) -> str:
     return head if bracket and (not test_id.endswith("]") or param.startswith("/")) else test_id
 
 
-def pytest_selectors(test_ids: Iterable[str]) -> list[str]:
+def pytest_selectors(test_ids: Iterable[str], selection: str = "ids") -> list[str]:
+    """The arguments that run ``test_ids``: each id (:func:`pytest_selector`), or with ``selection``
+    "files" the files that hold them, in the order they are first named (see ``TestSpec.selection``)."""
+    if selection == "files":
+        return list(dict.fromkeys(t.split("::", 1)[0] for t in test_ids))
     return list(dict.fromkeys(pytest_selector(t) for t in test_ids))
 
 

@@ -93,7 +93,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
             path, existing = integrity.canary_path([]), None
         canaries = integrity.make_canaries(path, existing)
-        sandbox.write_file(canaries.path, canaries.written_into(existing))
+        sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
     invocation = pytest_invocation(spec.command)
     if invocation is not None:
         for name in RUNTIME_FILES:
@@ -102,9 +102,12 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         start = f"{env}PATCHGYM_RESULTS={results} {python} -I -B {runtime}/bootstrap.py {args}".rstrip()
     else:  # a command patchgym cannot take over (e.g. tox): junit and canaries only
         start = spec.command
-    ids = integrity.interleave(requested, canaries) if canaries else requested
+    if spec.selection == "files":  # the canaries' places in their file are their places in the run
+        selectors = runners.pytest_selectors(requested + (canaries.ids if canaries else []), "files")
+    else:
+        selectors = runners.pytest_selectors(integrity.interleave(requested, canaries) if canaries else requested)
     command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
-               + " ".join(shlex.quote(t) for t in runners.pytest_selectors(ids))).rstrip()
+               + " ".join(shlex.quote(t) for t in selectors)).rstrip()
     result = sandbox.exec(command, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None,
