@@ -158,7 +158,7 @@ def test_environment_image_is_built_once_and_has_pytest(client, calc_task, env_t
     pip = run(client, env_tag, "python -m pip --version").split()[1]
     assert pip.startswith("24."), pip
     # build containers are always removed
-    left = client.containers.list(all=True, filters={"label": f"{KIND_LABEL}=build", "ancestor": image.id})
+    left = client.containers.list(all=True, ignore_removed=True, filters={"label": f"{KIND_LABEL}=build", "ancestor": image.id})
     assert not left, [(c.name, c.status, c.attrs["Config"]["Image"], c.attrs["Created"], c.labels) for c in left]
 
 
@@ -272,7 +272,7 @@ def test_build_steps_get_the_hosts_pip_variables_minus_missing_paths(client, doc
     assert env["PIP_FIND_LINKS"] == "https://wheels.example/simple" and "PIP_CONSTRAINT" not in env
     assert env["PIP_INDEX_URL"] == "https://pypi.example/simple" and env["https_proxy"] == "http://proxy.example:3128"
     assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt" and "UNRELATED_SECRET" not in env
-    assert not client.containers.list(all=True, filters={"name": name})  # always removed
+    assert not client.containers.list(all=True, ignore_removed=True, filters={"name": name})  # always removed
 
 
 @pytest.mark.slow

@@ -51,9 +51,9 @@ def test_lifetime_is_enforced_by_the_container_itself(docker, calc_task):
     cid = sb.container.id
     try:  # the client stays connected: only the lifetime ends the container
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and docker.containers.list(all=True, filters={"id": cid}):
+        while time.monotonic() < deadline and docker.containers.list(all=True, ignore_removed=True, filters={"id": cid}):
             time.sleep(0.5)
-        assert not docker.containers.list(all=True, filters={"id": cid})
+        assert not docker.containers.list(all=True, ignore_removed=True, filters={"id": cid})
         with pytest.raises(SandboxError):
             sb.exec("true")
     finally:
@@ -83,12 +83,12 @@ def test_a_killed_client_takes_its_containers_with_it(docker, calc_tasks_file):
     deadline = time.monotonic() + 20
     left = None
     while time.monotonic() < deadline:
-        left = docker.containers.list(all=True, filters={"label": f"org.patchgym.owner={owner}"})
+        left = docker.containers.list(all=True, ignore_removed=True, filters={"label": f"org.patchgym.owner={owner}"})
         if not left:
             break
         time.sleep(0.2)
     assert not left, [c.status for c in left]
-    assert not any(docker.containers.list(all=True, filters={"id": cid}) for cid in ids)
+    assert not any(docker.containers.list(all=True, ignore_removed=True, filters={"id": cid}) for cid in ids)
 
 
 def test_warm_pool_hands_out_started_containers(docker, calc_task):
@@ -140,9 +140,9 @@ def test_warm_pool_lets_go_of_what_nobody_takes_and_skips_dead_containers(docker
         refilled = _pool_containers(pool)
         assert len(refilled) == 1
         deadline = time.monotonic() + 30  # nobody takes it within idle: let go, removed by the engine
-        while time.monotonic() < deadline and docker.containers.list(all=True, filters={"id": refilled[0]}):
+        while time.monotonic() < deadline and docker.containers.list(all=True, ignore_removed=True, filters={"id": refilled[0]}):
             time.sleep(0.2)
-        assert pool.waiting() == 0 and not docker.containers.list(all=True, filters={"id": refilled[0]})
+        assert pool.waiting() == 0 and not docker.containers.list(all=True, ignore_removed=True, filters={"id": refilled[0]})
     finally:
         pool.close()
 
