@@ -72,6 +72,16 @@ def test_files_diff_and_reset(sandbox, calc_repo):
     assert sandbox.exec("cat /tmp/leftover").exit_code != 0
 
 
+def test_a_reset_leaves_no_shared_memory_or_ipc_objects(sandbox):
+    """An episode must not find what the last one stashed outside the workspace without a process:
+    a POSIX shm file, a System V segment, queue or semaphore set (an answer kept for the next try)."""
+    made = sandbox.exec("echo answer > /dev/shm/stash && ipcmk -M 4096 && ipcmk -Q && ipcmk -S 1 && ipcs")
+    assert made.exit_code == 0 and made.output.count("0x") >= 3, made.output
+    sandbox.reset()
+    left = sandbox.exec("ls -A /dev/shm; ipcs -m | grep -c 0x; ipcs -q | grep -c 0x; ipcs -s | grep -c 0x")
+    assert left.output.split() == ["0", "0", "0"], left.output
+
+
 def test_no_network(sandbox):
     probe = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); print('CONNECTED')\n"
              "except OSError as e:\n    print('refused', e)\n")

@@ -21,7 +21,7 @@
  *          followed as Python's os.path.realpath does, then checked), its last component may not
  *          be a symlink (O_NOFOLLOW), only regular files are opened (O_NONBLOCK: a FIFO never
  *          blocks the server). Written files and the directories made for them go to uid 1000.
- *   reset  kills every process, empties /testbed and the scratch directories, and fills /testbed
+ *   reset  kills every process, removes System V IPC objects, empties /testbed and the scratch directories, and fills /testbed
  *          again from the pristine tree the instance image keeps (root's only) at
  *          /var/lib/patchgym/testbed, as uid 1000's; the stat of every file copied is recorded for
  *          the diff (a file whose stat is unchanged is not read again).
@@ -48,10 +48,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
+#include <sys/msg.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/sem.h>
 #include <sys/sendfile.h>
+#include <sys/shm.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -1077,6 +1081,37 @@ static int fill_workspace(char *error, size_t size) {
     return s.error || from < 0 || to < 0 ? -1 : 0;
 }
 
+/* Remove every System V IPC object of the container's IPC namespace: commands (uid 1000) made them,
+ * and only their owner may remove them (this server has no CAP_SYS_ADMIN), so a child as uid 1000
+ * does. Without this a segment or queue made in one episode was there for the next to read. */
+static void clear_sysv_ipc(void) {
+    static const char *KINDS[] = {"/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem"};
+    pid_t pid = fork();
+    if (pid < 0) return;
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setresgid(AGENT_UID, AGENT_UID, AGENT_UID) != 0 ||
+            setresuid(AGENT_UID, AGENT_UID, AGENT_UID) != 0)
+            _exit(1);
+        for (int k = 0; k < 3; k++) {
+            FILE *fh = fopen(KINDS[k], "r");
+            if (!fh) continue;
+            char line[512];
+            int id;
+            if (fgets(line, sizeof line, fh)) /* the header */
+                while (fgets(line, sizeof line, fh))
+                    if (sscanf(line, "%*d %d", &id) == 1) {
+                        if (k == 0) shmctl(id, IPC_RMID, NULL);
+                        else if (k == 1) msgctl(id, IPC_RMID, NULL);
+                        else semctl(id, 0, IPC_RMID);
+                    }
+            fclose(fh);
+        }
+        _exit(0);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+}
+
 static void do_reset(void) {
     char error[512];
     kill_all();
@@ -1084,6 +1119,7 @@ static void do_reset(void) {
         respond_error("internal", "processes could not be killed");
         return;
     }
+    clear_sysv_ipc();
     clear_directory(WORKSPACE);
     for (int i = 0; SCRATCH[i]; i++) clear_directory(SCRATCH[i]);
     if (fill_workspace(error, sizeof error) != 0)
