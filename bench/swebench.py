@@ -159,6 +159,11 @@ def main() -> None:
                 began = time.monotonic()
                 run_tests(bare_box, task.test_spec, tests, files=files)
                 warm_times.append(time.monotonic() - began)
+        except SandboxError as exc:  # the bare sandbox failed: this instance is not measured, the rest are
+            row |= {"built": False, "reason": f"bare run: {str(exc).strip().splitlines()[0][:300]}"}
+            results.append(row)
+            print(f"[{n}/{len(tasks)}] {task.instance_id}: infrastructure failure: {row['reason']}", flush=True)
+            continue
         finally:
             bare_box.close()
         empty = verifier.verify(task, "", run_empty=True)
