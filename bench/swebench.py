@@ -1,7 +1,7 @@
 """SWE-bench rows end to end: import, build, grade gold and empty, and time grading against a bare run.
 
     python bench/swebench.py ROWS --repos DIR [--backend docker] [--instance-ids ID ...]
-                             [--per-repo N] [--repeat 3] [--json FILE]
+                             [--per-repo N] [--repeat 3] [--json FILE] [--no-timing]
 
 ``ROWS`` is anything ``patchgym tasks import-swebench`` reads (JSON/JSONL/parquet, a Hugging Face
 dataset); ``--repos`` a directory of clones/mirrors/bundles or a clone URL. No ``--specs``: the
@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--per-repo", type=int, default=0, help="at most this many instances per repository")
     parser.add_argument("--repeat", type=int, default=3, help="gold gradings and bare runs per instance")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--no-timing", action="store_true",
+                        help="validation only (gold --repeat times, empty once): no bare or warm runs")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="pg-swebench-"))
@@ -135,7 +137,11 @@ def main() -> None:
         row = {"instance_id": task.instance_id, "repo": task.repo, "version": task.version}
         build_started = time.monotonic()
         try:
-            bare_box, bare = bare_runner(task, factory)
+            if args.no_timing:
+                factory(task).close()  # builds the environment, timed apart as below
+                bare_box, bare = None, None
+            else:
+                bare_box, bare = bare_runner(task, factory)
         except SandboxError as exc:
             row |= {"built": False, "reason": str(exc).strip().splitlines()[0][:300],
                     "build_seconds": round(time.monotonic() - build_started, 1)}
@@ -147,12 +153,15 @@ def main() -> None:
         tests = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
         files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
         try:
-            bare()  # warm: the first run also compiles bytecode
+            if bare is not None:
+                bare()  # warm: the first run also compiles bytecode
             starts.clear()
             for _ in range(args.repeat):
                 report = verifier.verify(task, task.patch)
                 gold.append(report)
                 verify_times.append(report.duration_seconds)
+                if bare is None:
+                    continue
                 bare_times.append(bare())
                 # patchgym's runner (runtime, canaries, junit, file round trips) in the prepared sandbox:
                 # verify less the sandbox's start and the patches
@@ -165,22 +174,23 @@ def main() -> None:
             print(f"[{n}/{len(tasks)}] {task.instance_id}: infrastructure failure: {row['reason']}", flush=True)
             continue
         finally:
-            bare_box.close()
+            if bare_box is not None:
+                bare_box.close()
         empty = verifier.verify(task, "", run_empty=True)
         row |= {"gold_resolved": all(r.resolved for r in gold), "gold_runs_resolved": sum(r.resolved for r in gold),
                 "empty_resolved": empty.resolved, "gold_reason": explain(gold[-1]), "empty_reason": explain(empty),
                 "verify_seconds": round(statistics.median(verify_times), 3),
                 "start_seconds": round(statistics.median(starts), 3) if starts else None,
-                "bare_seconds": round(statistics.median(bare_times), 3),
-                "warm_seconds": round(statistics.median(warm_times), 3)}
+                "bare_seconds": round(statistics.median(bare_times), 3) if bare_times else None,
+                "warm_seconds": round(statistics.median(warm_times), 3) if warm_times else None}
         row["ratio"] = round(row["verify_seconds"] / row["bare_seconds"], 2) if row["bare_seconds"] else None
         results.append(row)
         verdict = "ok" if row["gold_resolved"] and not row["empty_resolved"] else "FAILED"
+        timing = ("" if bare is None else f" bare {row['bare_seconds']}s (x{row['ratio']}; sandbox start "
+                  f"{row['start_seconds']}s; runner in the prepared sandbox {row['warm_seconds']}s)")
         print(f"[{n}/{len(tasks)}] {task.instance_id}: {verdict} gold {row['gold_runs_resolved']}/{args.repeat} "
-              f"empty {'resolved' if row['empty_resolved'] else 'not resolved'}; verify {row['verify_seconds']}s "
-              f"bare {row['bare_seconds']}s (x{row['ratio']}; sandbox start {row['start_seconds']}s; runner in the "
-              f"prepared sandbox {row['warm_seconds']}s); "
-              f"build {row['build_seconds']}s"
+              f"empty {'resolved' if row['empty_resolved'] else 'not resolved'}; verify {row['verify_seconds']}s"
+              f"{timing}; build {row['build_seconds']}s"
               + ("" if verdict == "ok" else f"; gold: {row['gold_reason']}; empty: {row['empty_reason']}"),
               flush=True)
 
