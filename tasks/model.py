@@ -42,6 +42,7 @@ class EnvironmentConfig(BaseModel):
 
 
 TestFormat = Literal["pytest", "django", "sympy"]
+Selection = Literal["ids", "files"]
 # The command each runner's test ids are appended to when a row names the format but no command
 # (the ones SWE-bench runs for django/django and sympy/sympy).
 DEFAULT_TEST_COMMANDS: dict[str, str] = {
@@ -65,7 +66,7 @@ class TestSpec(BaseModel):
     # lists come from such runs: a test that passes only after an earlier test of its file (a
     # shared fixture's state) passes there and fails when run alone. "files" runs the files that
     # hold the ids (grading still reads only the ids); "ids" runs just the ids (faster).
-    selection: Literal["ids", "files"] = Field(
+    selection: Selection = Field(
         "ids", description="pytest: run the test ids, or the whole files that hold them (as SWE-bench)")
 
     @model_validator(mode="before")

@@ -40,6 +40,7 @@ from tasks.catalog import repo_source
 from tasks.model import (
     DEFAULT_TEST_COMMANDS,
     EnvironmentConfig,
+    Selection,
     Task,
     TaskFileError,
     TestFormat,
@@ -324,10 +325,13 @@ def _install_config(row: Mapping[str, Any]) -> dict[str, Any] | None:
 # --- import ---------------------------------------------------------------------------------------
 
 def import_rows(rows: Iterable[tuple[str, Any]], *, repos: str | Path, output: Path,
-                specs: Mapping[str, Mapping[str, dict[str, Any]]] | None = None, origin: str = "") -> ImportResult:
+                specs: Mapping[str, Mapping[str, dict[str, Any]]] | None = None, origin: str = "",
+                selection: Selection = "files") -> ImportResult:
     """Make tasks of SWE-bench rows (``(where, row)`` pairs) to be written to ``output``; each
     row's repository is found in the directory ``repos`` or is ``repos`` as a clone URL
-    (:func:`clone_url`)."""
+    (:func:`clone_url`). A test spec made here (not the row's own) runs pytest with ``selection``:
+    "files" as SWE-bench ran its lists, or "ids", faster where test files are large (see
+    ``TestSpec.selection``)."""
     result = ImportResult()
     seen: dict[str, str] = {}
     output_dir = output.resolve().parent
@@ -368,7 +372,7 @@ def import_rows(rows: Iterable[tuple[str, Any]], *, repos: str | Path, output: P
             if "environment" in missing:
                 augmented["environment"] = environment.model_dump()
             if "test_spec" in missing:
-                augmented["test_spec"] = test_spec.model_dump()
+                augmented["test_spec"] = test_spec.model_copy(update={"selection": selection}).model_dump()
         else:
             source = "row"
         augmented["repo_path"] = repo_path
@@ -427,7 +431,7 @@ def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapp
 
 
 def import_swebench(source: str | Path, *, repos: str | Path, output: Path,
-                    specs_path: Path | None = None) -> ImportResult:
+                    specs_path: Path | None = None, selection: Selection = "files") -> ImportResult:
     """Read SWE-bench rows (a JSON/JSONL/parquet file or a Hugging Face dataset,
     :func:`tasks.row_sources.read_source_rows`) and make them tasks (see :func:`import_rows`)."""
     from tasks.row_sources import read_source_rows
@@ -436,7 +440,7 @@ def import_swebench(source: str | Path, *, repos: str | Path, output: Path,
         raise TaskFileError(f"{repos}: not a directory of repositories, nor a clone URL")
     specs = load_specs(specs_path) if specs_path else None
     rows = read_source_rows(source)
-    return import_rows(rows, repos=repos, output=output, specs=specs, origin=str(source))
+    return import_rows(rows, repos=repos, output=output, specs=specs, origin=str(source), selection=selection)
 
 
 # --- export ---------------------------------------------------------------------------------------

@@ -936,3 +936,20 @@ def test_builtin_specs_cover_swebench_and_all_convert():
     # pylint loads its checkers through astroid's modutils, which needs the checkout on sys.path
     pylint_env = environment_from_config(specs["pylint-dev/pylint"]["2.15"], "pylint-dev/pylint")[0]
     assert pylint_env.install[-1] == "python -m pip install -e . --config-settings editable_mode=compat"
+
+
+def test_imported_pytest_rows_run_whole_files_unless_asked_for_ids(swebench_dataset, tmp_path):
+    """SWE-bench's lists come from whole-file runs, so imported rows run the files that hold them;
+    --selection ids trades that for speed (flask-4045: 11.2 s a grading whole-file, 0.9 s on its ids)."""
+    d = swebench_dataset
+    row = d["rows"][0]
+    (default,) = import_rows([("line 1", row)], repos=d["repos"], output=tmp_path / "t.jsonl").tasks
+    (fast,) = import_rows([("line 1", row)], repos=d["repos"], output=tmp_path / "t.jsonl", selection="ids").tasks
+    assert default.test_spec.selection == "files" and fast.test_spec.selection == "ids"
+    own = {**row, "environment": {"python": ">=3.8"}, "test_spec": {"command": "python -m pytest", "selection": "ids"}}
+    (kept,) = import_rows([("line 1", own)], repos=d["repos"], output=tmp_path / "t.jsonl").tasks
+    assert kept.test_spec.selection == "ids", "a row's own test spec is kept as it is"
+
+    result = CliRunner().invoke(app, ["tasks", "import-swebench", str(d["source"]), "--repos", str(d["repos"]),
+                                      "--output", str(tmp_path / "x.jsonl"), "--selection", "tests"])
+    assert result.exit_code == 2 and "--selection: expected 'files' or 'ids'" in result.output

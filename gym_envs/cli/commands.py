@@ -540,6 +540,10 @@ def tasks_import_swebench(
     validate: Annotated[bool, typer.Option(
         "--validate/--no-validate", help="Run the gold and empty patches; write only the tasks that pass.")] = True,
     runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task when validating.")] = 2,
+    selection: Annotated[str, typer.Option(
+        "--selection", help="pytest rows: run the whole test files that hold the listed tests, as SWE-bench "
+        "did (files), or just the listed tests (ids: faster where test files are large; a test that needs an "
+        "earlier one of its file fails).")] = "files",
     workers: WorkersOpt = DEFAULT_WORKERS,
     backend: BackendOpt = "local",
     isolation: IsolationOpt = "auto",
@@ -553,8 +557,11 @@ def tasks_import_swebench(
     from tasks.model import TaskFileError
     from tasks.swebench_io import export_row, import_swebench, missing_commits, write_rows
 
+    if selection not in ("files", "ids"):
+        fail(f"--selection: expected 'files' or 'ids', got {selection!r}", code=2)
     try:
-        result = import_swebench(file, repos=repos, output=output, specs_path=specs)
+        result = import_swebench(file, repos=repos, output=output, specs_path=specs,
+                                 selection="ids" if selection == "ids" else "files")
     except TaskFileError as exc:
         fail(str(exc))
     for message in result.warnings:
