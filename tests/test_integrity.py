@@ -195,3 +195,30 @@ def test_every_must_fail_canary_is_checked(spared):
     reason = integrity.check_run(exit_code=1, output="", junit=junit, record=None, reporter=False,
                                  requested=[], canaries=canaries)
     assert reason is not None and "must fail" in reason
+
+
+def test_canaries_a_crashed_session_never_ran_are_not_tampering():
+    """pytest-7168's bug is an INTERNALERROR (exit 3) at its own test: the session ends there, and
+    canaries placed after it never run. That is no sign of forgery (the run is inconsistent, so not
+    resolved, anyway); a canary that did run with the wrong outcome still is."""
+    canaries = integrity.make_canaries("t.py")
+    ran = {canaries.must_pass[0]: TestStatus.PASSED, canaries.must_fail[0]: TestStatus.FAILED}
+    lines = [{"event": "start", "pid": 1}]
+    lines += [{"event": "report", "nodeid": c, "when": "call", "xfail": False, "declared": True,
+               "outcome": "passed" if s is TestStatus.PASSED else "failed"} for c, s in ran.items()]
+    lines += [{"event": "finish", "exitstatus": 3}, {"event": "exit", "code": 3}]
+    record = integrity.parse_record("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert set(record.statuses) == set(ran)
+    assert integrity.check_run(exit_code=3, output="INTERNALERROR>", junit=dict(ran), record=record,
+                               reporter=True, requested=[], canaries=canaries) is None
+    # the same canaries missing from a session that ended normally: they were made to vanish
+    record.exit_code = 1
+    reason = integrity.check_run(exit_code=1, output="", junit=dict(ran), record=record, reporter=True,
+                                 requested=[], canaries=canaries)
+    assert reason is not None and "canary" in reason
+    # a canary that ran before the crash is still checked
+    forged = {**ran, canaries.must_fail[0]: TestStatus.PASSED}
+    record.exit_code, record.statuses = 3, dict(forged)
+    reason = integrity.check_run(exit_code=3, output="", junit=forged, record=record, reporter=True,
+                                 requested=[], canaries=canaries)
+    assert reason is not None and "must fail" in reason

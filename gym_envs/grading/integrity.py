@@ -285,13 +285,20 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
             if ours != theirs:
                 return f"the junit report says {test_id} {theirs}, the runner saw it {ours}"
     if canaries is not None and junit is not None:
+        # A session pytest ended early (2 interrupted, 3 internal error: pytest-7168's own bug is an
+        # INTERNALERROR) never ran the canaries placed after the test it stopped at. Their absence
+        # is no sign of forgery, and such a run is not consistent (so never resolved) anyway; a
+        # canary that did run is checked all the same.
+        cut_short = exit_code not in (0, 1)
         sources = [junit] + ([record.statuses] if record is not None else [])
         for statuses in sources:
             for canary in canaries.must_pass:
-                if lookup(canary, statuses) is not TestStatus.PASSED:
+                status = lookup(canary, statuses)
+                if status is not TestStatus.PASSED and not (status is None and cut_short):
                     return f"a canary test that must pass did not: {canary}"
             for canary in canaries.must_fail:
-                if lookup(canary, statuses) is not TestStatus.FAILED:
+                status = lookup(canary, statuses)
+                if status is not TestStatus.FAILED and not (status is None and cut_short):
                     return f"a canary test that must fail did not: {canary}"
         if exit_code == 0:
             return "the runner exited 0 although a canary test failed"
