@@ -21,10 +21,10 @@
  *          followed as Python's os.path.realpath does, then checked), its last component may not
  *          be a symlink (O_NOFOLLOW), only regular files are opened (O_NONBLOCK: a FIFO never
  *          blocks the server). Written files and the directories made for them go to uid 1000.
- *   reset  kills every process, removes System V IPC objects, empties /testbed and the scratch directories, and fills /testbed
- *          again from the pristine tree the instance image keeps (root's only) at
- *          /var/lib/patchgym/testbed, as uid 1000's; the stat of every file copied is recorded for
- *          the diff (a file whose stat is unchanged is not read again).
+ *   reset  kills every process, removes System V IPC objects, empties /testbed and the scratch
+ *          directories, and fills /testbed again from the pristine tree the instance image keeps
+ *          (root's only) at /var/lib/patchgym/testbed, as uid 1000's; the stat of every file copied
+ *          is recorded for the diff (a file whose stat is unchanged is not read again).
  *   diff   runs the Python diff helper (diff_helper.py, sandboxes/gitops.py) as root, on demand.
  *   usage  the container's CPU time and peak memory, from its cgroups.
  *   ping   answers with its pid.
