@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -53,11 +52,15 @@ class Canaries:
     path: str
     must_pass: tuple[str, ...]
     must_fail: tuple[str, ...]
-    source: str
+    functions: tuple[str, ...]  # each canary's source, a function definition
 
     @property
     def ids(self) -> list[str]:
         return [*self.must_pass, *self.must_fail]
+
+    @property
+    def source(self) -> str:
+        return "\n\n".join(self.functions)
 
     def written_into(self, existing: bytes | None, *, spread: bool = False) -> bytes:
         """The file's new content: its own (the hidden tests), then the canaries; with ``spread``,
@@ -73,12 +76,12 @@ class Canaries:
         if not lines[-1].endswith(b"\n"):
             lines[-1] += b"\n"
         at: dict[int, list[bytes]] = {}
-        for body in re.split(r"\n+(?=def )", self.source.strip()):
-            at.setdefault(secrets.choice(places), []).append(body.encode())
+        for function in self.functions:
+            at.setdefault(secrets.choice(places), []).append(function.encode())
         out: list[bytes] = []
         for index in range(len(lines) + 1):
-            for body in at.get(index, ()):
-                out.append(b"\n\n" + body.rstrip(b"\n") + b"\n\n\n")
+            for function in at.get(index, ()):
+                out.append(b"\n\n" + function.rstrip(b"\n") + b"\n\n\n")
             if index < len(lines):
                 out.append(lines[index])
         return b"".join(out)
@@ -150,7 +153,7 @@ def make_canaries(path: str, module_source: bytes | None = None) -> Canaries:
         bodies.append(f"def {name}():\n{touch}    assert {a} {op} {b} == {value}\n")
     return Canaries(path, tuple(f"{path}::{n}" for n, passes in zip(names, kinds, strict=True) if passes),
                     tuple(f"{path}::{n}" for n, passes in zip(names, kinds, strict=True) if not passes),
-                    "\n\n".join(bodies))
+                    tuple(bodies))
 
 
 def canary_path(tests: list[str]) -> str:
@@ -292,14 +295,12 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
         cut_short = exit_code not in (0, 1)
         sources = [junit] + ([record.statuses] if record is not None else [])
         for statuses in sources:
-            for canary in canaries.must_pass:
-                status = lookup(canary, statuses)
-                if status is not TestStatus.PASSED and not (status is None and cut_short):
-                    return f"a canary test that must pass did not: {canary}"
-            for canary in canaries.must_fail:
-                status = lookup(canary, statuses)
-                if status is not TestStatus.FAILED and not (status is None and cut_short):
-                    return f"a canary test that must fail did not: {canary}"
+            for kind, wanted, ids in (("pass", TestStatus.PASSED, canaries.must_pass),
+                                      ("fail", TestStatus.FAILED, canaries.must_fail)):
+                for canary in ids:
+                    status = lookup(canary, statuses)
+                    if status is not wanted and not (status is None and cut_short):
+                        return f"a canary test that must {kind} did not: {canary}"
         if exit_code == 0:
             return "the runner exited 0 although a canary test failed"
     return None
