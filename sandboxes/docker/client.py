@@ -53,8 +53,9 @@ def remove_container(container, *, attempts: int = 3) -> bool:
     """Remove a container and its anonymous volumes; False when it was not there to remove (gone
     already, or being removed by someone else: auto_remove, another gc) or the engine kept failing.
 
-    Other engine errors (a busy overlay mount, an engine restarting) are tried again: a build
-    container left behind stays until ``patchgym sandboxes gc`` finds it."""
+    Other engine errors (a busy overlay mount, an engine restarting) are tried again, and a
+    warning says when they persist: a container left behind stays until ``patchgym sandboxes gc``
+    finds it by its labels."""
     import docker.errors
 
     for attempt in range(1, attempts + 1):
@@ -72,4 +73,6 @@ def remove_container(container, *, attempts: int = 3) -> bool:
         log.debug("removing container %s (attempt %d): %s", getattr(container, "id", "?")[:12], attempt, error)
         if attempt < attempts:
             time.sleep(0.2 * attempt)
+    log.warning("could not remove container %s: %s (patchgym sandboxes gc removes it later)",
+                getattr(container, "name", None) or getattr(container, "id", "?")[:12], error)
     return False

@@ -638,8 +638,7 @@ class _BuildContainer:
         return f"{repository}:{tag}"
 
     def remove(self) -> None:
-        if not remove_container(self.container):  # engine trouble; the labels let gc find it
-            log.warning("could not remove build container %s", self.container.name)
+        remove_container(self.container)
 
     def __enter__(self) -> _BuildContainer:
         return self

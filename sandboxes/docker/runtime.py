@@ -133,7 +133,7 @@ def _build(name: str, sources: dict[str, bytes]) -> None:
             raise EnvironmentBuildError(f"building the sandbox command server failed: {output}")
     except BaseException as exc:
         if container is not None:
-            _remove_quietly(container)
+            remove_container(container)
             container = None
         try:
             volume.remove(force=True)
@@ -144,7 +144,7 @@ def _build(name: str, sources: dict[str, bytes]) -> None:
         raise EnvironmentBuildError(f"building the sandbox command server failed: {exc}") from None
     finally:
         if container is not None:
-            _remove_quietly(container)
+            remove_container(container)
 
 
 def _prune_others(keep: str) -> None:
@@ -160,8 +160,3 @@ def _prune_others(keep: str) -> None:
                 volume.remove()
             except Exception as exc:  # in use by a sandbox of another version: kept
                 log.debug("keeping %s: %s", volume.name, exc)
-
-
-def _remove_quietly(container) -> None:
-    if not remove_container(container):  # the label lets gc find it
-        log.warning("could not remove build container %s", container.id[:12])
