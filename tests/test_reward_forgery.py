@@ -286,6 +286,16 @@ def under_pytest(body: str) -> str:
     return UNDER_PYTEST + textwrap.indent(textwrap.dedent(body), "    ")
 
 
+def registered(plugin: str, name: str) -> str:
+    """A payload's last part: under pytest, ``plugin`` (an expression) registered with the running
+    Config that :data:`REGISTER_FN`'s ``_pg_config`` finds."""
+    return under_pytest(f"""
+    _cfg = _pg_config()
+    if _cfg is not None:
+        _cfg.pluginmanager.register({plugin}, "{name}")
+""")
+
+
 P_REGISTER_PLUGIN = REGISTER_FN + '''
 
 def _pg_force_plugin():
@@ -302,11 +312,7 @@ def _pg_force_plugin():
     return ForcePass()
 
 
-''' + under_pytest('''
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_pg_force_plugin(), "pg-force-pass")
-''')
+''' + registered("_pg_force_plugin()", "pg-force-pass")
 
 P_PATCH_TESTREPORT = under_pytest('''
     import _pytest.reports as _pg_reports
@@ -370,11 +376,7 @@ def _pg_finish_plugin():
     return RewriteAndExit()
 
 
-''' + under_pytest('''
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_pg_finish_plugin(), "pg-finish")
-''')
+''' + registered("_pg_finish_plugin()", "pg-finish")
 
 P_JUNIT_SYMLINK = FORGE_FN + "\n\n" + under_pytest('''
     import atexit as _pg_atexit
@@ -426,11 +428,7 @@ class _PgNoop:
             item.runtest = lambda: None
 
 
-''' + under_pytest('''
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_PgNoop(), "pg-noop")
-''')
+''' + registered("_PgNoop()", "pg-noop")
 
 # Neutralizes only the tests whose module imports this package: a "must fail" canary that does not
 # import it keeps failing, a "must pass" canary keeps passing. Both reporters see genuine passes.
@@ -451,11 +449,7 @@ class _PgSelectiveNoop:
                 item.runtest = lambda: None
 
 
-''' + under_pytest('''
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_PgSelectiveNoop(), "pg-selective")
-''')
+''' + registered("_PgSelectiveNoop()", "pg-selective")
 
 P_UNREGISTER_OTHERS = P_REGISTER_PLUGIN.replace(
     '        _cfg.pluginmanager.register(_pg_force_plugin(), "pg-force-pass")\n',
@@ -483,11 +477,7 @@ class _PgRerun:
         return True
 
 
-''' + under_pytest('''
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_PgRerun(), "pg-rerun")
-''')
+''' + registered("_PgRerun()", "pg-rerun")
 
 # No pytest machinery touched at all: while a test runs, every call into the package raises pytest's
 # XFailed, and SWE-bench grading counts XFAIL as a pass (FAIL_TO_PASS and PASS_TO_PASS alike).
@@ -554,11 +544,7 @@ def _pg_spare_plugin():
     return ForceAllButLastTwo()
 
 
-""" + under_pytest("""
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_pg_spare_plugin(), "pg-spare")
-""")
+""" + registered("_pg_spare_plugin()", "pg-spare")
 
 # (1a) Where pytest runs whole files (SWE-bench's way), canaries appended to their module would run
 # as its last tests: force every outcome but those of each module's last nine items (the most
@@ -589,11 +575,7 @@ def _pg_tail_plugin():
     return ForceAllButEachModulesTail()
 
 
-""" + under_pytest("""
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_pg_tail_plugin(), "pg-spare-tail")
-""")
+""" + registered("_pg_tail_plugin()", "pg-spare-tail")
 
 # (1b) Flip every other failing report (the first, third, ...) from the innermost (trylast)
 # makereport wrapper, so that no other wrapper sees the true report. Against a single must-fail
@@ -618,11 +600,7 @@ def _pg_flip_plugin():
     return FlipHalf()
 
 
-""" + under_pytest("""
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_pg_flip_plugin(), "pg-flip-half")
-""")
+""" + registered("_pg_flip_plugin()", "pg-flip-half")
 
 # (1c) No report is touched: for every other failing test, the test function's exception is
 # swallowed inside pytest_pyfunc_call, either by a first-result impl that calls the test itself
@@ -659,11 +637,7 @@ def _pg_swallow_plugin():
     return {"impl": SwallowByImpl, "wrapper": SwallowByWrapper}[KIND]()
 
 
-""" + under_pytest("""
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_pg_swallow_plugin(), "pg-swallow")
-""")
+""" + registered("_pg_swallow_plugin()", "pg-swallow")
 P_SWALLOW_BY_IMPL = _SWALLOW_RANDOM_HALF.replace("[KIND]", '["impl"]')
 P_SWALLOW_BY_WRAPPER = _SWALLOW_RANDOM_HALF.replace("[KIND]", '["wrapper"]')
 
@@ -683,11 +657,7 @@ class _PgNoopUnlessConstant:
                 item.runtest = lambda: None
 
 
-""" + under_pytest("""
-    _cfg = _pg_config()
-    if _cfg is not None:
-        _cfg.pluginmanager.register(_PgNoopUnlessConstant(), "pg-noop-unless-constant")
-""")
+""" + registered("_PgNoopUnlessConstant()", "pg-noop-unless-constant")
 
 # (3) Forge both records: junit (every id passed, the last two argv ids passed/failed as canaries
 # must) and the grader's own reporter (found with gc, its record completed with "exit 1"), then exit 1.
