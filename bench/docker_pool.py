@@ -104,7 +104,7 @@ def episodes(ids: list[str], pool: int, think: float, created: CreatedContainers
 
 
 def evaluation(ids: list[str], pool: int, workers: int, out: Path, created: CreatedContainers) -> dict[str, float]:
-    argv = [sys.executable, "-m", "gym_envs.cli", "eval", "--predictions", "gold", "--backend", "docker",
+    argv = [sys.executable, "-m", "cli", "eval", "--predictions", "gold", "--backend", "docker",
             "--workers", str(workers), "--force", "--output", str(out), "--instance-ids", ",".join(ids)]
     begin = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PATCHGYM_DOCKER_POOL": str(pool)},

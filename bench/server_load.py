@@ -281,7 +281,7 @@ def free_port() -> int:
 def server_process(max_sessions: int, tasks: str | None, log_path: Path) -> Iterator[tuple[str, int]]:
     """``patchgym serve`` in its own process group; yields (url, pid); SIGTERM then SIGKILL on exit."""
     port = free_port()
-    cmd = [sys.executable, "-m", "gym_envs.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--max-sessions", str(max_sessions)]
     if tasks:
         cmd += ["--tasks", tasks]

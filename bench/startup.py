@@ -71,7 +71,7 @@ class Hook(MetaPathFinder):
 
 sys.meta_path.insert(0, Hook())
 sys.argv = ["patchgym", *sys.argv[1:]]
-from gym_envs.cli import main
+from cli import main
 sys.exit(main())
 """
 
@@ -120,7 +120,7 @@ def main() -> None:
     mini_env = {**env, "MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": work}
     patchgym = shutil.which("patchgym")
     help_argv = [patchgym, "--help"] if patchgym and not args.pythonpath else [
-        sys.executable, "-m", "gym_envs.cli", "--help"]
+        sys.executable, "-m", "cli", "--help"]
     mini = args.mini if os.access(args.mini, os.X_OK) else None
     if mini is None:
         print(f"mini-swe-agent's mini not found at {args.mini}: its column is skipped", file=sys.stderr)

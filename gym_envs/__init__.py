@@ -1,63 +1,26 @@
 """The gym: grading (:mod:`gym_envs.grading`), the Gymnasium environments (:mod:`gym_envs.envs`),
-task making (:mod:`gym_envs.making`) and the command line (:mod:`gym_envs.cli`); the task model
-and catalog are the :mod:`tasks` package. ``docs/architecture.md`` maps the layers.
+task making (:mod:`gym_envs.making`) and model rollouts (:mod:`gym_envs.rollouts`); the task model
+and catalog are the :mod:`tasks` package, the command line the :mod:`cli` package.
+``docs/architecture.md`` maps the layers.
 
 Importing this package registers ``patchgym/RepoEnv-v0`` (multi-turn, tool calls) and
-``patchgym/PatchEnv-v0`` (one step, a unified diff) with Gymnasium, by name only, as soon as
-Gymnasium itself is imported (at once if it already is): nothing else is imported until it is used,
-so ``import gym_envs`` stays cheap and any layer may be imported alone.
-The names below are kept here for the code that imports them from ``gym_envs``.
+``patchgym/PatchEnv-v0`` (one step, a unified diff) with Gymnasium, as Gymnasium's plugins do
+(``import gym_envs`` before ``gym.make``, or ``gym.make("gym_envs:patchgym/RepoEnv-v0")``); the
+environments' own modules are imported only when one is made. The names below are kept here for
+the code that imports them from ``gym_envs``.
 """
 
-import importlib.util
-import sys
 from importlib import import_module
-from importlib.abc import MetaPathFinder
-from importlib.machinery import ModuleSpec
 from typing import Any
 
-_ENVS = (("patchgym/RepoEnv-v0", "gym_envs.envs.repo_env:RepoEnv"),
-         ("patchgym/PatchEnv-v0", "gym_envs.envs.patch_env:PatchEnv"))
+import gymnasium
 
-
-def _register(gymnasium: Any) -> None:
-    # nondeterministic: grading runs a real test suite, and a seeded reset draws the same task but
-    # the world (time, the sandbox) is not replayed.
-    for env_id, entry_point in _ENVS:
-        if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, entry_point=entry_point, nondeterministic=True)
-
-
-class _RegisterWhenGymnasiumLoads(MetaPathFinder):
-    """Registers the environments the moment ``gymnasium`` finishes importing.
-
-    Importing Gymnasium (and NumPy under it) is most of ``import gym_envs`` (about 0.15 s of 0.16 s
-    here), and neither the command line nor the grader needs it; nobody can reach Gymnasium's
-    registry without importing ``gymnasium``, so registering then is the same to every caller.
-    """
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if fullname != "gymnasium":
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)  # once: the real finders locate it from here on
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_then_register(module: Any) -> None:
-            load(module)
-            _register(module)
-
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
-if "gymnasium" in sys.modules:
-    _register(sys.modules["gymnasium"])
-elif not any(isinstance(f, _RegisterWhenGymnasiumLoads) for f in sys.meta_path):
-    sys.meta_path.insert(0, _RegisterWhenGymnasiumLoads())
+# nondeterministic: grading runs a real test suite, and a seeded reset draws the same task but the
+# world (time, the sandbox) is not replayed.
+for _env_id, _entry_point in (("patchgym/RepoEnv-v0", "gym_envs.envs.repo_env:RepoEnv"),
+                              ("patchgym/PatchEnv-v0", "gym_envs.envs.patch_env:PatchEnv")):
+    if _env_id not in gymnasium.registry:
+        gymnasium.register(id=_env_id, entry_point=_entry_point, nondeterministic=True)
 
 _EXPORTS = {
     "InstanceReport": "gym_envs.grading.verifier", "Verifier": "gym_envs.grading.verifier",

@@ -80,7 +80,7 @@ def render_config(options: ServerDirOptions) -> str:
     if options.external:
         server.append("      external: true   # patchgym runs already at host:port; ng_run starts nothing of it")
     else:
-        server.append(f"      patchgym_command: {q([sys.executable, '-m', 'gym_envs.cli'])}")
+        server.append(f"      patchgym_command: {q([sys.executable, '-m', 'cli'])}")
         server.append(f"      serve_args: {q(options.serve_args)}")
     data = f"resources_servers/{SERVER_NAME}/data/train.jsonl"
     return "\n".join([

@@ -7,11 +7,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gym_envs.cli import app
-from gym_envs.cli import commands as cli
+from cli import app
+from cli import common as cli_common
 
 runner = CliRunner()
-cli.out.width = cli.console.width = 300  # no wrapping inside table cells
+cli_common.out.width = cli_common.console.width = 300  # no wrapping inside table cells
 
 
 def run(*args: str):

@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from sandboxes import EnvironmentBuildError, EnvironmentSpec
@@ -277,11 +276,9 @@ def test_build_steps_get_the_hosts_pip_variables_minus_missing_paths(client, doc
 
 @pytest.mark.slow
 def test_cli_build_list_and_errors(client, calc_tasks_file):
-    from gym_envs.cli import images as images_cli
+    from cli import app, common
 
-    app = typer.Typer()
-    app.add_typer(images_cli.images_app, name="images")
-    images_cli.out.width = images_cli.console.width = 300
+    common.out.width = common.console.width = 300
     runner = CliRunner()
 
     first = runner.invoke(app, ["images", "build", "--tasks", str(calc_tasks_file)], catch_exceptions=False)

@@ -282,14 +282,14 @@ def test_grading_commands_use_no_warm_pool_unless_asked(monkeypatch):
     """eval, tasks validate and the like grade each image about once: a container started ahead
     is wasted and competes with the tests (bench/docker_pool.py); PATCHGYM_DOCKER_POOL asks for one."""
     import tasks.backends
-    from gym_envs.cli import commands
+    from cli import common
 
     seen = []
     monkeypatch.setattr(tasks.backends, "sandbox_factory", lambda backend, **options: seen.append(options) or print)
-    monkeypatch.setattr(commands, "_reap", lambda **_: {})
+    monkeypatch.setattr(common, "reap", lambda **_: {})
     monkeypatch.delenv("PATCHGYM_DOCKER_POOL", raising=False)
-    commands._verifier("docker", "auto")
-    commands._verifier("local", "auto")
+    common.make_verifier("docker", "auto")
+    common.make_verifier("local", "auto")
     monkeypatch.setenv("PATCHGYM_DOCKER_POOL", "2")
-    commands._verifier("docker", "auto")
+    common.make_verifier("docker", "auto")
     assert seen == [{"pool_size": 0}, {"isolation": "auto"}, {}]

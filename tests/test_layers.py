@@ -1,11 +1,13 @@
 """The layers import one way, and no modules import each other (docs/architecture.md):
 
     sandboxes -> tasks -> gym_envs.grading -> gym_envs.envs | gym_envs.making -> gym_envs.rollouts
-      -> server -> gym_envs.cli
+      -> server -> cli
 
 A module may import its own layer and the ones before it, never one after it (imports inside
 functions included: a lazy import that runs up a layer is still a dependency that runs up);
-``gym_envs.envs`` and ``gym_envs.making`` are side by side and do not import each other.
+``gym_envs.envs`` and ``gym_envs.making`` are side by side and do not import each other. The
+top-level folders show the same order: each holds a run of consecutive layers, and no folder
+imports one after it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sandboxes", "tasks", "gym_envs", "server")
+PACKAGES = ("sandboxes", "tasks", "gym_envs", "server", "cli")  # the folders, in the layers' order
 # (module prefix, layer, group): the longest matching prefix decides.
 LAYERS = [
     ("sandboxes", 0, "sandboxes"),
@@ -26,7 +28,7 @@ LAYERS = [
     ("gym_envs.making", 3, "making"),
     ("gym_envs.rollouts", 4, "rollouts"),
     ("server", 5, "server"),
-    ("gym_envs.cli", 6, "cli"),
+    ("cli", 6, "cli"),
 ]
 
 
@@ -98,6 +100,27 @@ def test_imports_point_down_the_layers():
                 wrong.append(f"{name} imports {target} (the gym_envs package: import from its layers)")
             elif theirs[0] > mine[0] or (theirs[0] == mine[0] and theirs[1] != mine[1]):
                 wrong.append(f"{name} ({mine[1]}) imports {target} ({theirs[1]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_each_folder_holds_consecutive_layers_in_order():
+    spans = {}
+    for name in modules():
+        found = layer_of(name)
+        if found is not None:
+            low, high = spans.get(name.split(".")[0], (found[0], found[0]))
+            spans[name.split(".")[0]] = (min(low, found[0]), max(high, found[0]))
+    ordered = [spans[p] for p in PACKAGES]
+    assert all(a[1] < b[0] for a, b in zip(ordered, ordered[1:])), f"folders overlap or run back: {spans}"
+
+
+def test_folders_import_down():
+    found = modules()
+    known = set(found)
+    rank = {p: i for i, p in enumerate(PACKAGES)}
+    wrong = [f"{name} imports {target}" for name, path in sorted(found.items())
+             for target in sorted(imports(name, path, known, top_level_only=False))
+             if rank[target.split(".")[0]] > rank[name.split(".")[0]]]
     assert not wrong, "\n".join(wrong)
 
 

@@ -10,9 +10,9 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
+from cli import app
+from cli import common as cli_common
 from gym_envs import load_tasks
-from gym_envs.cli import app
-from gym_envs.cli import commands as cli
 from gym_envs.grading.verifier import Verifier
 from gym_envs.making.mining import (
     Dropped,
@@ -30,7 +30,7 @@ from gym_envs.making.mining import (
 from gym_envs.making.registry import RepoRecord, save_repo
 from tasks.model import EnvironmentConfig, TestSpec, save_tasks
 
-cli.out.width = cli.console.width = 300
+cli_common.out.width = cli_common.console.width = 300
 
 LIB_V1 = '''\
 def add(a, b):

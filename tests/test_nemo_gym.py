@@ -344,7 +344,7 @@ def _metric(http: httpx.Client, name: str) -> float:
 def test_dataset_rows_are_well_formed(calc_tasks_file, calc_task, tmp_path, http):
     from typer.testing import CliRunner
 
-    from gym_envs.cli import app
+    from cli import app
 
     out = tmp_path / "data" / "train.jsonl"
     result = CliRunner().invoke(app, ["tasks", "nemo-gym-dataset", "--output", str(out), "--tasks",

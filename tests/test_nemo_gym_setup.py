@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gym_envs.cli import app
+from cli import app
 from server.app import create_app
 from server.nemo_gym_setup import LICENSES
 from tests.serving import free_port, serve, wait_healthy

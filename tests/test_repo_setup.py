@@ -11,8 +11,8 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from gym_envs.cli import app
-from gym_envs.cli import commands as cli
+from cli import app
+from cli import common as cli_common
 from gym_envs.grading.outcome import TestStatus
 from gym_envs.grading.testrun import TestRun
 from gym_envs.making.repo_setup import (
@@ -29,7 +29,7 @@ from gym_envs.making.repo_setup import (
 )
 
 runner = CliRunner()
-cli.out.width = cli.console.width = 300  # no wrapping inside table cells
+cli_common.out.width = cli_common.console.width = 300  # no wrapping inside table cells
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gym_envs.cli import app
+from cli import app
 from gym_envs.rollouts.export import export_trajectories
 from gym_envs.rollouts.model import ChatModel, ModelConfig, ModelError
 from gym_envs.rollouts.run import RunDirError, RunOptions, run_model, wilson

@@ -449,7 +449,7 @@ def test_gc_skips_a_container_that_vanishes_under_it(docker, docker_base, monkey
 def test_gc_leaves_other_hosts_alone_unless_all(docker, docker_base, monkeypatch):
     from typer.testing import CliRunner
 
-    import gym_envs.cli.commands as cli
+    import cli
     import sandboxes
     import sandboxes.docker as sd
     from sandboxes.docker import gc_containers

@@ -219,7 +219,7 @@ def test_idle_sessions_are_reaped_and_deadlines_close_sessions(calc_tasks_file):
 def test_serve_refuses_a_public_host_without_token():
     from typer.testing import CliRunner
 
-    from gym_envs.cli import app
+    from cli import app
 
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0"], env={"PATCHGYM_SERVER_TOKEN": ""})
     assert result.exit_code == 2 and "token" in result.output

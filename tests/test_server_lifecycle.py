@@ -65,7 +65,7 @@ def _marker_processes(marker: str) -> list[int]:
 
 def _start_server(tasks: Path, port: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gym_envs.cli", "serve", "--port", str(port), "--tasks", str(tasks),
+        [sys.executable, "-m", "cli", "serve", "--port", str(port), "--tasks", str(tasks),
          "--max-sessions", "4"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 

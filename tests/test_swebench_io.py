@@ -21,9 +21,9 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
+from cli import app
+from cli import common as cli_common
 from gym_envs import load_task_set, load_tasks
-from gym_envs.cli import app
-from gym_envs.cli import commands as cli
 from gym_envs.grading.outcome import TestStatus, grade
 from gym_envs.grading.patches import filter_agent_patch
 from gym_envs.grading.runners import (
@@ -53,7 +53,7 @@ from tasks.swebench_io import (
     import_swebench,
 )
 
-cli.out.width = cli.console.width = 300  # no wrapping inside table cells
+cli_common.out.width = cli_common.console.width = 300  # no wrapping inside table cells
 P, F, E, S, X = TestStatus.PASSED, TestStatus.FAILED, TestStatus.ERROR, TestStatus.SKIPPED, TestStatus.XFAIL
 
 DJANGO_PY311 = """\

@@ -346,7 +346,7 @@ def test_synth_end_to_end_on_a_small_repository(mini_repo, tmp_path):
 
 @pytest.mark.slow
 def test_synth_command_on_a_bundled_library(tmp_path):
-    from gym_envs.cli import app
+    from cli import app
 
     output = tmp_path / "synth.jsonl"
     result = CliRunner().invoke(app, ["tasks", "synth", "--repo", "dotenvkit", "--n", "2", "--seed", "3",

@@ -253,7 +253,7 @@ def test_eval_cli_resolves_bundled_tasks_with_sandboxes_on_both_nodes(cluster, t
     issue 14, to keep the suite's time)."""
     out = tmp_path / "gold"
     proc = subprocess.run(
-        [sys.executable, "-m", "gym_envs.cli", "eval", "--backend", "ray", "--ray-address", cluster.address,
+        [sys.executable, "-m", "cli", "eval", "--backend", "ray", "--ray-address", cluster.address,
          "--predictions", "gold", "--workers", "4", "--output", str(out), "--instance-ids", ",".join(EVAL_IDS)],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -267,7 +267,7 @@ def test_eval_cli_resolves_bundled_tasks_with_sandboxes_on_both_nodes(cluster, t
 def test_eval_cli_refuses_an_unreachable_cluster_quickly():
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "gym_envs.cli", "eval", "--backend", "ray", "--ray-address", "127.0.0.1:9",
+        [sys.executable, "-m", "cli", "eval", "--backend", "ray", "--ray-address", "127.0.0.1:9",
          "--predictions", "gold", "--instance-ids", "patchgym__semverkit-1"],
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2 and "cannot connect to Ray at 127.0.0.1:9" in proc.stderr, proc.stderr

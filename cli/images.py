@@ -1,7 +1,5 @@
-"""``patchgym images``: build, list and prune the Docker images of the Docker backend.
-
-Mounted by the main command line as ``app.add_typer(images_app, name="images")``.
-"""
+"""The machinery under the sandboxes: ``patchgym images`` builds, lists and prunes the Docker
+backend's images, and ``patchgym sandboxes gc`` removes what crashed processes left behind."""
 
 from __future__ import annotations
 
@@ -11,21 +9,17 @@ from datetime import datetime
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gym_envs.cli.common import TasksOpt, console, fail, load_selection, out
-from sandboxes import SandboxError
-from sandboxes.docker.images import RELEASES
+from cli.common import DEBIAN_RELEASES, InstanceIdsOpt, TasksOpt, console, fail, load_selection, out, progress_bar, reap
 
-images_app = typer.Typer(no_args_is_help=True,
-                         help="Docker images: a Debian base (debootstrap, no registry), environments, instances.")
 ReleaseOpt = Annotated[str | None, typer.Option(
-    "--release", help=f"Debian release ({', '.join(RELEASES)}, or any other debootstrap knows, with --mirror).")]
+    "--release", help=f"Debian release ({', '.join(DEBIAN_RELEASES)}, or any other debootstrap knows, with --mirror).")]
 
 
 def _images():
     """The images module, once a Docker engine is known to be reachable."""
+    from sandboxes import SandboxError
     from sandboxes.docker import images
     from sandboxes.docker.client import docker_client
 
@@ -39,7 +33,7 @@ def _images():
 def _release(release: str | None) -> str | None:
     """A release name as given (None: each task's own, chosen by its Python)."""
     if release is not None and not re.fullmatch(r"[a-z][a-z0-9.-]*", release):
-        fail(f"invalid release name {release!r}; known ones are {', '.join(RELEASES)}")
+        fail(f"invalid release name {release!r}; known ones are {', '.join(DEBIAN_RELEASES)}")
     return release
 
 
@@ -58,7 +52,6 @@ def _created(value: str) -> str:
         return value
 
 
-@images_app.command("bootstrap")
 def bootstrap(
     release: ReleaseOpt = None,
     mirror: Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: the host's apt mirror).")]
@@ -66,6 +59,7 @@ def bootstrap(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build the base image patchgym/base:<release> with debootstrap from a Debian mirror (no registry)."""
+    from sandboxes import SandboxError
     from sandboxes.docker.client import DEFAULT_RELEASE
 
     release = _release(release) or DEFAULT_RELEASE  # $PATCHGYM_DEBIAN_RELEASE or bookworm
@@ -84,14 +78,13 @@ def bootstrap(
     out.print(f"{tag} ready ({time.monotonic() - started:.0f}s)")
 
 
-@images_app.command("build")
 def build(
     tasks: TasksOpt = None,
-    instance_ids: Annotated[list[str] | None,
-                            typer.Option("--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
+    instance_ids: InstanceIdsOpt = None,
     release: ReleaseOpt = None,
 ) -> None:
     """Build the environment and instance images of every selected task (cached ones are reused)."""
+    from sandboxes import SandboxError
     from tasks.backends import sandbox_spec
     from tasks.model import TaskFileError
 
@@ -100,8 +93,7 @@ def build(
     images = _images()
     counts = {"built": 0, "cached": 0, "failed": 0}
     rows: list[tuple[str, str, str]] = []
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+    with progress_bar() as progress:
         bar = progress.add_task("building images", total=len(task_set), status="")
         for task in task_set:
             worked = False
@@ -139,9 +131,10 @@ def build(
         raise typer.Exit(1)
 
 
-@images_app.command("list")
-def list_cmd() -> None:
+def list_images() -> None:
     """List the images patchgym made (base, environments, instances)."""
+    from sandboxes import SandboxError
+
     images = _images()
     try:
         rows = images.list_images()
@@ -156,12 +149,13 @@ def list_cmd() -> None:
     out.print(table)
 
 
-@images_app.command("prune")
 def prune(
     all_kinds: Annotated[bool, typer.Option("--all", help="Base images too (they take a minute to rebuild).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would be removed.")] = False,
 ) -> None:
     """Remove patchgym's environment and instance images that no container uses."""
+    from sandboxes import SandboxError
+
     images = _images()
     kinds = ("instance", "env", "base") if all_kinds else ("instance", "env")
     try:
@@ -172,3 +166,17 @@ def prune(
     for ref in removed:
         out.print(f"{verb} {ref}", highlight=False)
     out.print(f"{verb} {len(removed)} image(s)")
+
+
+def gc(
+    docker: Annotated[bool, typer.Option("--docker/--no-docker", help="Also remove patchgym's containers.")] = True,
+    every_owner: Annotated[bool, typer.Option(
+        "--all", help="Every patchgym container: also those of live processes and of other hosts.")] = False,
+) -> None:
+    """Remove sandboxes, cgroups and containers whose owning process is gone (never anything
+    without patchgym's label). Containers owned by other hosts sharing the Docker engine are left
+    alone unless --all: this host cannot tell whether their owners still run."""
+    from sandboxes.docker import docker_available
+
+    removed = reap(docker=docker and docker_available(), every_owner=every_owner)
+    out.print(f"removed {removed['local']} local leftovers and {removed['docker']} containers")

@@ -1,51 +1,114 @@
-"""``patchgym run`` (a model evaluated on tasks), ``patchgym report`` (its HTML report) and
-``patchgym trajectories export`` (its episodes as training data)."""
+"""Models and predictions graded on tasks: ``patchgym eval`` (predictions files, or the gold and
+empty patches), ``patchgym run`` (a model behind an OpenAI-compatible endpoint, episode by episode),
+``patchgym report`` (a run's HTML report) and ``patchgym trajectories export`` (its episodes as
+training data)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from gym_envs.cli.common import (
+from cli.common import (
     BACKENDS,
+    DEFAULT_WORKERS,
+    BackendOpt,
+    InstanceIdsOpt,
+    IsolationOpt,
     PriceCoreHourOpt,
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
     TasksOpt,
+    WorkersOpt,
     backend_options,
-    console,
     fail,
     load_selection,
+    make_verifier,
     out,
     prices,
+    progress_bar,
 )
-from gym_envs.grading.cost import DEFAULT_PRICE_CORE_HOUR, DEFAULT_PRICE_GB_HOUR
 
-trajectories_app = typer.Typer(no_args_is_help=True, help="Episodes of `patchgym run` as training data.")
-
-
-def register(app: typer.Typer) -> None:
-    """Add these commands to the ``patchgym`` app."""
-    app.command("run")(run_cmd)
-    app.command("report")(report_cmd)
-    app.add_typer(trajectories_app, name="trajectories")
+if TYPE_CHECKING:
+    from gym_envs.grading.verifier import InstanceReport
 
 
-def run_cmd(
+def eval_predictions(
+    predictions: Annotated[str, typer.Option("--predictions", help="Predictions JSONL, or 'gold' / 'empty'.")],
+    tasks: TasksOpt = None,
+    instance_ids: InstanceIdsOpt = None,
+    workers: WorkersOpt = DEFAULT_WORKERS,
+    backend: BackendOpt = "local",
+    isolation: IsolationOpt = "auto",
+    output: Annotated[Path | None,
+                      typer.Option("--output", help="Report directory (default: patchgym-runs/<predictions>).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
+    ray_address: RayAddressOpt = None,
+    ray_sandbox: RaySandboxOpt = "local",
+    price_core_hour: PriceCoreHourOpt = None,
+    price_gb_hour: PriceGbHourOpt = None,
+) -> None:
+    """Grade predictions and write SWE-bench-style reports, with what each instance's grading cost."""
+    from gym_envs.grading.evaluation import evaluate
+    from tasks.model import TaskFileError
+    from tasks.predictions import EMPTY, GOLD, load_predictions
+
+    everything, task_set = load_selection(tasks, instance_ids)
+    try:
+        # Checked against the whole task set: a predictions file may cover more than the selection.
+        preds = load_predictions(predictions, everything)
+    except TaskFileError as exc:
+        fail(str(exc))
+    preds = {i: p for i, p in preds.items() if i in task_set}
+    if not preds:
+        fail("no predictions for the selected instances")
+    name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
+    output = output or Path("patchgym-runs") / name
+    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
+    counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
+    with progress_bar() as progress:
+        bar = progress.add_task("evaluating", total=len(preds), status="")
+
+        def done(report: InstanceReport, resumed: bool) -> None:
+            key = ("error" if report.infrastructure_failure else "resolved" if report.resolved
+                   else "unresolved" if report.patch_exists else "empty")
+            counts[key] += 1
+            progress.update(bar, advance=1, status=" ".join(f"{k} {v}" for k, v in counts.items()))
+
+        summary = evaluate(task_set, preds, output, verifier=verifier, workers=workers, force=force, on_done=done)
+    report = summary.to_dict()
+    table = Table(title=f"evaluation of {name} ({summary.seconds:.1f}s)")
+    table.add_column("")
+    table.add_column("instances", justify="right")
+    for key in ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error"):
+        table.add_row(key.replace("_", " "), str(report[f"{key}_instances"]))
+    if summary.resumed_ids:
+        table.add_row("resumed (not re-run)", str(len(summary.resumed_ids)))
+    out.print(table)
+    cost = report["cost"]
+    if cost and cost["usd_per_1k_episodes"] is not None:
+        out.print(f"per instance: env CPU {cost['env_cpu_seconds_mean']:.3f}s, "
+                  f"test CPU {cost['test_cpu_seconds_mean']:.3f}s, "
+                  f"peak memory {(cost['peak_memory_bytes_max'] or 0) / 2**20:.0f} MiB at most; "
+                  f"${cost['usd_per_1k_episodes']:.4f} per 1,000 instances", highlight=False)
+    for instance_id in report["error_ids"]:
+        out.print(f"[red]error[/] {instance_id}: see {output / instance_id / 'report.json'}")
+    out.print(f"report: {output / 'report.json'}")
+
+
+def run(
     model: Annotated[str, typer.Option("--model", help="The model name the endpoint serves.")],
     base_url: Annotated[str, typer.Option("--base-url", help="OpenAI-compatible API root, e.g. http://host:8000/v1.")],
     output: Annotated[Path, typer.Option("--output", help="Run directory (an interrupted run continues in it).")],
     api_key_env: Annotated[str | None, typer.Option(
         "--api-key-env", help="Environment variable holding the API key (none: no Authorization header).")] = None,
     tasks: TasksOpt = None,
-    instance_ids: Annotated[list[str] | None, typer.Option(
-        "--instance-ids", help="Only these ids (repeat, or comma-separate).")] = None,
+    instance_ids: InstanceIdsOpt = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Episodes at once.")] = 1,
     max_steps: Annotated[int, typer.Option("--max-steps", min=1, help="Tool calls per episode.")] = 50,
     max_turns: Annotated[int, typer.Option("--max-turns", min=1, help="Model turns per episode.")] = 100,
@@ -59,11 +122,11 @@ def run_cmd(
     retries: Annotated[int, typer.Option("--retries", min=0, help="Retries of a failed model call.")] = 4,
     price_in: Annotated[float, typer.Option("--price-in", min=0, help="Dollars per million input tokens.")] = 0.0,
     price_out: Annotated[float, typer.Option("--price-out", min=0, help="Dollars per million output tokens.")] = 0.0,
-    backend: Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")] = "local",
+    backend: BackendOpt = "local",
     ray_address: RayAddressOpt = None,
     ray_sandbox: RaySandboxOpt = "local",
-    price_core_hour: PriceCoreHourOpt = DEFAULT_PRICE_CORE_HOUR,
-    price_gb_hour: PriceGbHourOpt = DEFAULT_PRICE_GB_HOUR,
+    price_core_hour: PriceCoreHourOpt = None,
+    price_gb_hour: PriceGbHourOpt = None,
 ) -> None:
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
@@ -90,8 +153,7 @@ def run_cmd(
                                                                          ray_sandbox=ray_sandbox)},
                          input_per_mtok=price_in, output_per_mtok=price_out,
                          prices=prices(price_core_hour, price_gb_hour))
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+    with progress_bar() as progress:
         bar = progress.add_task(model, total=len(task_set), status="")
 
         def done(line: dict, state) -> None:
@@ -117,7 +179,7 @@ def run_cmd(
         out.print(f"{report['masked']} masked episode(s) (endpoint or environment failures) run again on a rerun")
 
 
-def report_cmd(
+def report(
     directory: Annotated[Path, typer.Argument(help="A run directory of `patchgym run`.")],
 ) -> None:
     """Write the run directory's self-contained HTML report (report.html)."""
@@ -130,8 +192,7 @@ def report_cmd(
     out.print(f"wrote {path}")
 
 
-@trajectories_app.command("export")
-def trajectories_export(
+def export_trajectories(
     source: Annotated[Path, typer.Argument(help="A run directory, or a trajectories.jsonl.")],
     output: Annotated[Path, typer.Option("--output", help="JSONL file to write.")],
     fmt: Annotated[str, typer.Option("--format", help="chat or openai-ft.")] = "chat",

@@ -1,0 +1,209 @@
+"""What every ``patchgym`` command shares: the consoles, the error exit, the option types, loading
+a task selection, the grader the backend flags give, and progress that also reads well in a log.
+
+Nothing of the layers below is imported at module level: ``patchgym --help`` and each command's
+parsing stay cheap, and a command imports what it drives in its body.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from gym_envs.grading.cost import Prices
+    from gym_envs.grading.verifier import Verifier
+    from tasks.catalog import TaskSet
+
+#: The sandbox backends, for help texts: spelt here so that the command line (--help included) does
+#: not import the sandboxes and the task model to describe itself. tests/test_cli.py holds it equal
+#: to tasks.backends.BACKENDS, the list that counts.
+BACKENDS = ("local", "docker", "ray")
+#: The Debian releases patchgym knows Python versions of (sandboxes.docker.images.RELEASES), likewise.
+DEBIAN_RELEASES = ("bullseye", "bookworm", "trixie")
+DEFAULT_WORKERS = max(1, os.cpu_count() or 1)
+
+console = Console(stderr=True)  # progress, warnings and errors
+out = Console()  # results
+
+TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
+InstanceIdsOpt = Annotated[list[str] | None,
+                           typer.Option("--instance-ids", help="Only these ids (repeat, or comma-separate).")]
+BackendOpt = Annotated[str, typer.Option("--backend", help=f"Sandbox backend: {', '.join(BACKENDS)}.")]
+IsolationOpt = Annotated[str, typer.Option("--isolation", help="Local backend: auto, bwrap or none.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Instances graded at once.")]
+PriceCoreHourOpt = Annotated[float | None, typer.Option(
+    "--price-core-hour", min=0, help="Dollars per core-hour of CPU, for each episode's cost (default: AWS Fargate's).")]
+PriceGbHourOpt = Annotated[float | None, typer.Option(
+    "--price-gb-hour", min=0, help="Dollars per GB-hour of memory, for each episode's cost (default: AWS Fargate's).")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    "--ray-address", help="--backend ray: the Ray cluster (host:port or ray://...) whose nodes host the sandboxes "
+                          "(default: $RAY_ADDRESS, else a private one-node cluster on this host).")]
+RaySandboxOpt = Annotated[str, typer.Option(
+    "--ray-sandbox", help="--backend ray: the sandbox each node runs, local or docker.")]
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print a red ``error:`` line and exit (2: the user's input was wrong). ``message`` is plain
+    text: brackets in it (test ids, pip extras) are printed, not read as rich markup."""
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def prices(core_hour: float | None, gb_hour: float | None) -> Prices:
+    """The prices the --price-* flags give (unset: the defaults; an impossible one is the user's error)."""
+    from gym_envs.grading.cost import Prices
+
+    given = {k: v for k, v in (("core_hour", core_hour), ("gb_hour", gb_hour)) if v is not None}
+    try:
+        return Prices(**given)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def split_ids(ids: list[str] | None) -> list[str]:
+    """Ids given as repeated options, comma- or space-separated."""
+    return [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]
+
+
+def load_selection(tasks: Path | None, ids: list[str] | None) -> tuple[TaskSet, TaskSet]:
+    """The whole task set and the selected part of it (``ids`` repeated or comma-separated)."""
+    from tasks.catalog import UnknownTaskError, load_task_set
+    from tasks.model import TaskFileError
+
+    try:
+        task_set = load_task_set(tasks)
+        return task_set, task_set.select(split_ids(ids) or None)
+    except (TaskFileError, UnknownTaskError) as exc:
+        fail(str(exc))
+
+
+def load_tasks(tasks: Path | None, ids: list[str] | None = None) -> TaskSet:
+    """The selected tasks alone."""
+    return load_selection(tasks, ids)[1]
+
+
+def backend_options(backend: str, isolation: str = "auto", ray_address: str | None = None,
+                    ray_sandbox: str = "local") -> dict[str, Any]:
+    """The sandbox options the command line's flags give ``backend``.
+
+    For ``ray`` this connects to the cluster at once, so that a wrong address or a cluster without
+    sandbox capacity fails before any work starts rather than on the first task.
+    """
+    if backend != "ray":
+        if ray_address:
+            fail("--ray-address needs --backend ray")
+        return {"isolation": isolation} if backend == "local" else {}
+    from sandboxes.ray_cluster import RayUnavailableError, ensure_connected, require_capacity
+
+    if ray_sandbox not in ("local", "docker"):
+        fail(f"--ray-sandbox must be local or docker, not {ray_sandbox!r}")
+    try:
+        ensure_connected(ray_address)
+        slots, nodes = require_capacity()
+    except RayUnavailableError as exc:
+        fail(str(exc))
+    console.print(f"ray: {slots:g} sandbox slot(s) on {nodes} node(s)", highlight=False)
+    return {"inner": ray_sandbox, **({"isolation": isolation} if ray_sandbox == "local" else {})}
+
+
+def make_verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local",
+             price: Prices | None = None) -> Verifier:
+    """The grader the backend flags give, after removing what dead processes left behind."""
+    from gym_envs.grading.verifier import Verifier
+    from tasks.backends import sandbox_factory
+
+    options = backend_options(backend, isolation, ray_address, ray_sandbox)
+    if "docker" in (backend, options.get("inner")) and "PATCHGYM_DOCKER_POOL" not in os.environ:
+        # Grading alone asks for each image about once, and a container started ahead competes with
+        # the tests for the cores: no warm pool unless asked for (bench/README.md, docker_pool.py).
+        options["pool_size"] = 0
+    try:
+        grader = Verifier(sandbox_factory(backend, **options), prices=price)
+    except ValueError as exc:
+        fail(str(exc))
+    reap(docker=backend == "docker")
+    return grader
+
+
+def reap(*, docker: bool, every_owner: bool = False) -> dict[str, int]:
+    """Remove what dead processes left: local sandboxes and cgroups, and patchgym's containers
+    (with ``every_owner``, also those of live processes and of other hosts sharing the engine)."""
+    from sandboxes import SandboxError, reap_stale
+
+    removed = {"local": reap_stale(), "docker": 0}
+    if docker:
+        from sandboxes.docker import gc_containers
+
+        try:
+            removed["docker"] = len(gc_containers(include_live_owners=every_owner, other_hosts=every_owner))
+        except SandboxError as exc:
+            fail(str(exc))
+    return removed
+
+
+class LineProgress:
+    """rich's ``Progress`` interface (``add_task``, ``update``, a context manager), written as plain
+    lines: what long work shows when stderr is a log file or a pipe, where a live bar draws nothing.
+    A line is printed when a task advances, at most every ``interval`` seconds per task (and always
+    for its last item), with the count, the rate, an estimate of the time left, and the status."""
+
+    def __init__(self, interval: float = 2.0) -> None:
+        self.interval = interval
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
+        task_id = len(self.tasks)
+        self.tasks[task_id] = {"description": description, "total": total, "completed": 0.0,
+                               "started": time.monotonic(), "printed": -math.inf, **fields}
+        return task_id
+
+    def update(self, task_id: int, *, advance: float | None = None, completed: float | None = None,
+               total: float | None = None, **fields: Any) -> None:
+        task = self.tasks[task_id]
+        before = task["completed"]
+        if total is not None:
+            task["total"] = total
+        if completed is not None:
+            task["completed"] = completed
+        if advance:
+            task["completed"] += advance
+        task.update(fields)
+        now = time.monotonic()
+        finished = task["total"] is not None and task["completed"] >= task["total"]
+        if task["completed"] != before and (finished or now - task["printed"] >= self.interval):
+            task["printed"] = now
+            console.print(self.line(task, now), markup=False, highlight=False)
+
+    @staticmethod
+    def line(task: dict[str, Any], now: float) -> str:
+        done, total, elapsed = task["completed"], task["total"], now - task["started"]
+        count = f"{done:g}/{total:g}" if total is not None else f"{done:g}"
+        rate = done / elapsed * 60 if elapsed > 0 else 0.0
+        words = [task["description"], count, f"{elapsed:.0f}s", f"{rate:.1f}/min"]
+        if total is not None and 0 < done < total:
+            words.append(f"ETA {(total - done) * elapsed / done:.0f}s")
+        status = str(task.get("status") or "")
+        return "  ".join(words) + (f"  {status}" if status else "")
+
+
+def progress_bar() -> Progress | LineProgress:
+    """A live bar on a terminal, progress lines otherwise (logs, CI, ``nohup``)."""
+    if not console.is_terminal:
+        return LineProgress()
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)

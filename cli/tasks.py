@@ -1,0 +1,216 @@
+"""``patchgym tasks``: browse, validate, import and export task sets.
+
+The commands that make new tasks from a repository (``tasks mine``, ``tasks synth``) are in
+:mod:`cli.repos`, beside the repositories they read; :mod:`cli.app` mounts both in this group.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from cli.common import (
+    DEFAULT_WORKERS,
+    BackendOpt,
+    InstanceIdsOpt,
+    IsolationOpt,
+    RayAddressOpt,
+    RaySandboxOpt,
+    TasksOpt,
+    WorkersOpt,
+    console,
+    fail,
+    load_tasks,
+    make_verifier,
+    out,
+    progress_bar,
+)
+
+if TYPE_CHECKING:
+    from gym_envs.grading.verifier import Verifier
+    from gym_envs.making.validation import TaskValidation
+    from tasks.catalog import TaskSet
+
+
+def list_tasks(tasks: TasksOpt = None) -> None:
+    """List the tasks of a task set."""
+    task_set = load_tasks(tasks)
+    table = Table(title=f"{len(task_set)} tasks ({task_set.origin})")
+    for col in ("instance_id", "repo", "version", "FAIL_TO_PASS", "PASS_TO_PASS", "title"):
+        table.add_column(col, overflow="fold")
+    for t in task_set:
+        title = t.problem_statement.strip().splitlines()[0] if t.problem_statement.strip() else ""
+        table.add_row(t.instance_id, t.repo, t.version, str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), title[:70])
+    out.print(table)
+
+
+def show(instance_id: str, tasks: TasksOpt = None,
+               as_json: Annotated[bool, typer.Option("--json", help="Print the whole row as JSON.")] = False) -> None:
+    """Show one task: its bug report, environment and tests."""
+    task = load_tasks(tasks, [instance_id]).get(instance_id)
+    if as_json:
+        out.print_json(json.dumps(task.to_row()))
+        return
+    out.rule(f"[bold]{task.instance_id}")
+    out.print(f"repo: {task.repo}   base_commit: {task.base_commit}   version: {task.version}   "
+              f"created_at: {task.created_at}")
+    out.print(f"environment: python {task.environment.python}; packages: {', '.join(task.environment.packages) or '-'}")
+    out.print(f"test command: {task.test_spec.command}")
+    out.print(f"FAIL_TO_PASS ({len(task.FAIL_TO_PASS)}): " + ", ".join(task.FAIL_TO_PASS))
+    out.print(f"PASS_TO_PASS: {len(task.PASS_TO_PASS)} tests")
+    out.rule("problem statement")
+    out.print(task.problem_statement, markup=False, highlight=False)
+
+
+def validate_with_progress(task_set: TaskSet, verifier: Verifier, *, runs: int, workers: int,
+                            failed_word: str) -> list[TaskValidation]:
+    """``validate_tasks`` behind a progress bar counting the tasks that failed so far."""
+    from gym_envs.making.validation import validate_tasks
+
+    with progress_bar() as progress:
+        bar = progress.add_task("validating", total=len(task_set), status="")
+        bad = 0
+
+        def done(r: TaskValidation) -> None:
+            nonlocal bad
+            bad += 0 if r.ok else 1
+            progress.update(bar, advance=1, status=f"{bad} {failed_word}")
+
+        return validate_tasks(task_set, verifier, runs=runs, workers=workers, on_done=done)
+
+
+def validate(
+    instance_ids: Annotated[list[str] | None, typer.Argument(help="Ids to validate (default: all).")] = None,
+    tasks: TasksOpt = None,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task (they must agree).")] = 2,
+    workers: WorkersOpt = DEFAULT_WORKERS,
+    backend: BackendOpt = "local",
+    isolation: IsolationOpt = "auto",
+    ray_address: RayAddressOpt = None,
+    ray_sandbox: RaySandboxOpt = "local",
+) -> None:
+    """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
+    task_set = load_tasks(tasks, instance_ids)
+    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox)
+    results = validate_with_progress(task_set, verifier, runs=runs, workers=workers, failed_word="problem(s)")
+    table = Table(title="task validation")
+    for col in ("instance_id", "gold", "empty", "flaky", "seconds", "verdict"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        gold = "/".join("✓" if g else "✗" for g in r.gold_resolved) or "-"
+        empty = "-" if r.empty_resolved is None else ("resolved ✗" if r.empty_resolved else "unresolved ✓")
+        verdict = "[green]ok[/]" if r.ok else "[red]" + "; ".join(r.problems).replace("[", "\\[") + "[/]"
+        table.add_row(r.instance_id, gold, empty, "yes" if r.flaky else "no", f"{r.seconds:.1f}", verdict)
+    out.print(table)
+    failed = [r for r in results if not r.ok]
+    flaky = sum(r.flaky for r in results)
+    out.print(f"{len(results) - len(failed)}/{len(results)} tasks valid" + (f", {flaky} flaky" if flaky else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
+def import_swebench(
+    file: Annotated[str, typer.Argument(
+        metavar="ROWS", help="SWE-bench rows: a JSON array, a JSONL or parquet file, or a Hugging Face dataset "
+        "(owner/name[:split], or its directory; needs the datasets library).")],
+    repos: Annotated[str, typer.Option(
+        "--repos", help="Directory of clones, mirrors or bundles (owner__name or name, bare, .git or .bundle), "
+        "or a clone URL: https://github.com, or a template with {repo}, {owner}, {name} (cloned once, cached).")],
+    output: Annotated[Path, typer.Option("--output", help="Task file to write (.jsonl, or .json for an array).")],
+    specs: Annotated[Path | None, typer.Option(
+        "--specs", help='Install configs by repository and version (JSON: {"owner/name": {"<version>": {...}}}).',
+    )] = None,
+    validate: Annotated[bool, typer.Option(
+        "--validate/--no-validate", help="Run the gold and empty patches; write only the tasks that pass.")] = True,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task when validating.")] = 2,
+    selection: Annotated[str, typer.Option(
+        "--selection", help="pytest rows: run the whole test files that hold the listed tests, as SWE-bench "
+        "did (files), or just the listed tests (ids: faster where test files are large; a test that needs an "
+        "earlier one of its file fails).")] = "files",
+    workers: WorkersOpt = DEFAULT_WORKERS,
+    backend: BackendOpt = "local",
+    isolation: IsolationOpt = "auto",
+) -> None:
+    """Import SWE-bench rows as a task file: each row's repository found in --repos, its environment
+    from its install_config, else --specs, else patchgym's built-in specs of SWE-bench's repositories, else
+    defaults (with a warning)."""
+    from rich.markup import escape
+
+    from tasks.catalog import TaskSet
+    from tasks.model import TaskFileError
+    from tasks.swebench_io import export_row, import_swebench, missing_commits, write_rows
+
+    if selection not in ("files", "ids"):
+        fail(f"--selection: expected 'files' or 'ids', got {selection!r}", code=2)
+    try:
+        result = import_swebench(file, repos=repos, output=output, specs_path=specs,
+                                 selection="ids" if selection == "ids" else "files")
+    except TaskFileError as exc:
+        fail(str(exc))
+    for message in result.warnings:
+        console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+    dropped = [(d.instance_id or d.where, d.reason) for d in result.dropped]
+    commits = missing_commits(result.tasks)
+    kept = result.tasks
+    if not validate:
+        for instance_id, reason in commits.items():
+            console.print(f"[yellow]warning:[/] {escape(instance_id)}: {escape(reason)}", highlight=False)
+    else:
+        dropped += list(commits.items())
+        kept = [t for t in kept if t.instance_id not in commits]
+        if kept:
+            verifier = make_verifier(backend, isolation)
+            results = validate_with_progress(TaskSet(kept, str(output)), verifier, runs=runs, workers=workers,
+                                              failed_word="dropped")
+            problems = {r.instance_id: "; ".join(r.problems) for r in results if not r.ok}
+            dropped += list(problems.items())
+            kept = [t for t in kept if t.instance_id not in problems]
+    if dropped:
+        table = Table(title=f"{len(dropped)} rows dropped")
+        table.add_column("row", overflow="fold")
+        table.add_column("reason", overflow="fold")
+        for where, reason in dropped:
+            table.add_row(escape(where), escape(reason))
+        out.print(table)
+    sources: dict[str, int] = {}
+    for t in kept:
+        source = result.environment_source.get(t.instance_id, "row")
+        sources[source] = sources.get(source, 0) + 1
+    if not kept:
+        fail(f"no task to write: {len(dropped)} rows dropped", code=1)
+    write_rows([export_row(t, tests_encoding="source", output_dir=output.resolve().parent) for t in kept], output)
+    how = ", ".join(f"{n} from {s}" for s, n in sources.items())
+    out.print(f"wrote {len(kept)} tasks to {escape(str(output))} ({len(dropped)} dropped; environments: {how})"
+              + ("" if validate else " without validation"), highlight=False)
+
+
+def export(
+    output: Annotated[Path, typer.Option("--output", help="File to write (.jsonl, or .json for an array).")],
+    tasks: TasksOpt = None,
+    instance_ids: InstanceIdsOpt = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="jsonl or json (default: by the file's suffix).")] = None,
+    swebench_only: Annotated[bool, typer.Option(
+        "--swebench-only", help="Only the rows' own fields: no environment, test_spec or repo_path.")] = False,
+    tests_encoding: Annotated[str, typer.Option(
+        "--tests-encoding", help="FAIL_TO_PASS/PASS_TO_PASS as json strings (as published), list, or source "
+        "(as in the task file).")] = "json",
+) -> None:
+    """Write tasks as SWE-bench rows (an imported file exported with --swebench-only gives back the
+    rows it was imported from)."""
+    from tasks.swebench_io import export_rows, row_format, write_rows
+
+    if tests_encoding not in ("json", "list", "source"):
+        fail(f"unknown --tests-encoding {tests_encoding!r}; use json, list or source")
+    try:
+        fmt = row_format(output, fmt)
+    except ValueError as exc:
+        fail(str(exc))
+    task_set = load_tasks(tasks, instance_ids)
+    rows = export_rows(task_set, swebench_only=swebench_only, tests_encoding=tests_encoding,
+                       output_dir=output.resolve().parent)
+    write_rows(rows, output, fmt)
+    out.print(f"wrote {len(rows)} SWE-bench rows to {output}", highlight=False)
