@@ -71,7 +71,10 @@ class Hook(MetaPathFinder):
 
 sys.meta_path.insert(0, Hook())
 sys.argv = ["patchgym", *sys.argv[1:]]
-from cli import main
+try:
+    from cli import main
+except ImportError:  # a checkout from before the command line moved to cli/
+    from gym_envs.cli import main
 sys.exit(main())
 """
 
@@ -119,8 +122,8 @@ def main() -> None:
                                                           env.get("PYTHONPATH")]))
     mini_env = {**env, "MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": work}
     patchgym = shutil.which("patchgym")
-    help_argv = [patchgym, "--help"] if patchgym and not args.pythonpath else [
-        sys.executable, "-m", "cli", "--help"]
+    module = "cli" if not args.pythonpath or (Path(args.pythonpath) / "cli").is_dir() else "gym_envs.cli"
+    help_argv = [patchgym, "--help"] if patchgym and not args.pythonpath else [sys.executable, "-m", module, "--help"]
     mini = args.mini if os.access(args.mini, os.X_OK) else None
     if mini is None:
         print(f"mini-swe-agent's mini not found at {args.mini}: its column is skipped", file=sys.stderr)
