@@ -70,8 +70,9 @@ def add(
         with console.status(f"reading {path_or_url}…"):
             source = rs.open_source(path_or_url)
             sha = rs.resolve_rev(source.git_dir, rev)
-            detection = rs.detect_setup(rs.RepoFiles(source.git_dir, sha), python=python, install=install,
-                                     packages=package, test_cmd=test_cmd)
+            with rs.RepoFiles(source.git_dir, sha) as files:
+                detection = rs.detect_setup(files, python=python, install=install, packages=package,
+                                            test_cmd=test_cmd)
         record = RepoRecord(name=name, repo=repo or source.default_repo(name), source=source.source,
                             environment=detection.environment, head=sha,
                             test_spec=TestSpec(command=detection.test_spec.command, timeout=timeout))

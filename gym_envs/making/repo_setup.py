@@ -1,8 +1,10 @@
 """Registering a repository: where git reads it, how its environment is built, how its tests run,
 and whether its suite works at a commit — what ``patchgym repos add`` needs before any task exists.
 
-Detection reads the files of one commit with ``git show`` (no checkout, no code run: a setup.py is
-parsed, never executed), so what is detected is exactly what sandboxes will check out. Every guess
+Detection reads the files of one commit from git's object database with GitPython (no checkout, no
+code run: a setup.py is parsed, never executed), so what is detected is exactly what sandboxes will
+check out. The repository is the user's own, read, never written; the harness's git work on
+checkouts the agent touched stays hardened subprocess calls (``sandboxes.gitops``). Every guess
 comes with a note saying where it came from, because a wrong guess is only fixable by a user who
 can see it. The suite check (:func:`check_suite`) turns a whole-suite :class:`~.testrun.TestRun`
 into a verdict with the reason, since "0 tests passed" alone does not say what to fix.
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from git import Repo
+from git.exc import GitError
+from gitdb.exc import BadName, BadObject
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -109,13 +114,6 @@ def repo_from_url(url: str) -> str:
     return "/".join(parts[-2:]) if len(parts) >= 2 else f"remote/{parts[-1]}"
 
 
-def _git(*args: str, cwd: Path | None = None, check: bool = True) -> str:
-    try:
-        return git(*args, cwd=cwd, check=check).stdout
-    except SandboxError as exc:
-        raise RepoSetupError(str(exc)) from None
-
-
 def _mirror(url: str) -> Path:
     """The cached bare mirror of ``url``, cloned or brought up to date. It is the very mirror
     sandboxes fetch from (same cache path), so registering does not clone a repository twice."""
@@ -156,45 +154,60 @@ def open_source(path_or_url: str) -> GitSource:
         if path.suffix != ".bundle":
             raise RepoSetupError(f"{path} is a file, not a git repository (or a .bundle)")
         return GitSource(str(path), _mirror(str(path)), False)
-    top = git("rev-parse", "--show-toplevel", cwd=path, check=False)
-    if top.returncode == 0 and top.stdout.strip():
-        root = Path(top.stdout.strip()).resolve()
-        notes = (f"{path} is inside the repository {root}; registering {root}",) if root != path else ()
-        return GitSource(str(root), root, False, notes)
-    bare = git("rev-parse", "--is-bare-repository", cwd=path, check=False)
-    if bare.returncode == 0 and bare.stdout.strip() == "true":
+    try:
+        with Repo(path, search_parent_directories=True) as repo:
+            top = None if repo.bare else Path(repo.working_tree_dir or path).resolve()
+    except (GitError, ValueError):
+        raise RepoSetupError(f"{path} is not a git repository (run `git init` and commit, or give a git URL)") from None
+    if top is None:
         return GitSource(str(path), path, False)
-    raise RepoSetupError(f"{path} is not a git repository (run `git init` and commit, or give a git URL)")
+    notes = (f"{path} is inside the repository {top}; registering {top}",) if top != path else ()
+    return GitSource(str(top), top, False, notes)
 
 
 def resolve_rev(git_dir: Path, rev: str) -> str:
     """The full sha of ``rev`` (a branch, tag, short sha, ``HEAD~2``...)."""
     if not rev.strip() or rev.startswith("-"):
         raise RepoSetupError(f"invalid revision {rev!r}")
-    proc = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", cwd=git_dir, check=False)
-    sha = proc.stdout.strip()
-    if proc.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", sha):
-        empty = git("rev-parse", "--verify", "--quiet", "HEAD", cwd=git_dir, check=False).returncode != 0
-        hint = " (the repository has no commits yet)" if empty else ""
-        raise RepoSetupError(f"unknown revision {rev!r} in {git_dir}{hint}")
-    return sha
+    with Repo(git_dir) as repo:
+        try:
+            return repo.commit(rev).hexsha
+        except (BadName, BadObject, GitError, ValueError):
+            hint = "" if repo.head.is_valid() else " (the repository has no commits yet)"
+            raise RepoSetupError(f"unknown revision {rev!r} in {git_dir}{hint}") from None
 
 
 def uncommitted_changes(git_dir: Path) -> bool:
     """Whether a working tree has changes a checkout at a commit will not see."""
-    proc = git("status", "--porcelain", "--untracked-files=no", cwd=git_dir, check=False)
-    return proc.returncode == 0 and bool(proc.stdout.strip())
+    with Repo(git_dir) as repo:
+        return not repo.bare and repo.is_dirty(index=True, working_tree=True, untracked_files=False)
 
 
 class RepoFiles:
-    """The files of one commit, read with ``git show`` (no checkout: nothing is written or run)."""
+    """The files of one commit, read from git's object database (no checkout: nothing is written or
+    run). It holds the repository open for its reads: close it (or use it in a ``with``)."""
 
     def __init__(self, git_dir: Path, commit: str) -> None:
         self.git_dir = git_dir
         self.commit = commit
-        listing = _git("ls-tree", "-r", "-z", "--name-only", commit, cwd=git_dir)
-        self.paths: frozenset[str] = frozenset(p for p in listing.split("\0") if p)
+        self._repo = Repo(git_dir)
+        try:
+            tree = self._repo.commit(commit).tree
+            self._blobs = {item.path: item.binsha for item in tree.traverse() if item.type == "blob"}
+        except (BadName, BadObject, GitError, ValueError) as exc:
+            self._repo.close()
+            raise RepoSetupError(f"cannot read commit {commit} of {git_dir}: {exc}") from None
+        self.paths: frozenset[str] = frozenset(self._blobs)
         self._cache: dict[str, str | None] = {}
+
+    def __enter__(self) -> RepoFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._repo.close()
 
     def exists(self, path: str) -> bool:
         return path in self.paths
@@ -205,11 +218,12 @@ class RepoFiles:
 
     def read(self, path: str) -> str | None:
         if path not in self._cache:
-            if path not in self.paths:
-                self._cache[path] = None
-            else:
-                proc = git("show", f"{self.commit}:{path}", cwd=self.git_dir, check=False)
-                self._cache[path] = proc.stdout if proc.returncode == 0 else None
+            binsha = self._blobs.get(path)
+            try:
+                data = None if binsha is None else self._repo.odb.stream(binsha).read()
+            except (BadObject, GitError, ValueError):
+                data = None
+            self._cache[path] = None if data is None else data.decode("utf-8", errors="replace")
         return self._cache[path]
 
 
