@@ -22,7 +22,7 @@ mini-swe-agent runs in its own interpreter (``--mswea-python``, e.g. a venv with
 are taken inside that process, around its own calls. Needs a Docker engine, root (to read the
 engine's processes) and the task's instance image (built on first use).
 
-    python bench/docker_sandbox.py --mswea-python /work/ext/mswea-venv/bin/python \\
+    python bench/docker_sandbox.py --mswea-python $MSWEA_VENV/bin/python \\
         [--task ID [--tasks FILE]] [--repeat 200] [--starts 10] [--idle 10] [--json FILE]
 """
 

@@ -7,7 +7,7 @@ every round, so drift hits all alike), one uncounted warm-up round first:
 * ``import_gym_envs`` — ``python -c "import gym_envs"``;
 * ``patchgym_help`` — ``patchgym --help`` (the console script);
 * ``mini_help`` — mini-swe-agent's ``mini --help`` from its own venv (``--mini``, default
-  /work/ext/mini-venv/bin/mini; skipped with a message when missing: it is no dependency of
+  ``$MINI_VENV/bin/mini``; skipped with a message when missing: it is no dependency of
   patchgym: ``python -m venv V && V/bin/pip install mini-swe-agent``);
 * ``eval_first_sandbox_requested`` / ``eval_first_sandbox_ready`` — ``patchgym eval --predictions
   gold --instance-ids TASK``, from the parent's spawn to the first ``make_sandbox`` call (the
@@ -110,7 +110,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="patchgym__semverkit-1")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--mini", default="/work/ext/mini-venv/bin/mini", help="mini-swe-agent's mini")
+    parser.add_argument("--mini", default=os.path.join(os.environ.get("MINI_VENV", "mini-venv"), "bin", "mini"),
+                        help="mini-swe-agent's mini (default: $MINI_VENV/bin/mini)")
     parser.add_argument("--pythonpath", help="another checkout of patchgym to measure")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
