@@ -13,6 +13,7 @@ imports one after it.
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_each_folder_holds_consecutive_layers_in_order():
             low, high = spans.get(name.split(".")[0], (found[0], found[0]))
             spans[name.split(".")[0]] = (min(low, found[0]), max(high, found[0]))
     ordered = [spans[p] for p in PACKAGES]
-    assert all(a[1] < b[0] for a, b in zip(ordered, ordered[1:])), f"folders overlap or run back: {spans}"
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered)), f"folders overlap or run back: {spans}"
 
 
 def test_folders_import_down():
