@@ -212,14 +212,26 @@ def exec_latency(sandbox, n: int) -> float:
     return statistics.median(times)
 
 
-def ratio_run(args, groups: BenchCgroups) -> dict:
-    out = {"local": episodes(sandbox_factory("local"), args.episodes, args.workers, groups)}
-    for nodes in (1, 2):
-        with cluster(nodes, args.workers // nodes):
-            out[f"ray_{nodes}node"] = episodes(sandbox_factory("ray"), args.episodes, args.workers, groups)
-            if nodes == 1:  # per-step overhead: one host's exec beside a local sandbox's, interleaved
-                out["exec_true_ms"] = exec_pair(args.execs)
-    return out
+def ratio_run(args, groups: BenchCgroups, turn: int) -> dict:
+    """One run: the local backend, ray on 1 node, ray on 2 nodes, starting with the ``turn``-th (so
+    that over runs, drift in the machine's load hits each alike)."""
+    def local() -> dict:
+        return {"local": episodes(sandbox_factory("local"), args.episodes, args.workers, groups)}
+
+    def ray_on(nodes: int) -> Callable[[], dict]:
+        def run() -> dict:
+            with cluster(nodes, args.workers // nodes):
+                out = {f"ray_{nodes}node": episodes(sandbox_factory("ray"), args.episodes, args.workers, groups)}
+                if nodes == 1:  # per-step overhead: one host's exec beside a local sandbox's, interleaved
+                    out["exec_true_ms"] = exec_pair(args.execs)
+                return out
+        return run
+
+    configs = [local, ray_on(1), ray_on(2)]
+    out: dict = {}
+    for config in configs[turn % 3:] + configs[:turn % 3]:
+        out.update(config())
+    return {key: out[key] for key in ("local", "ray_1node", "ray_2node", "exec_true_ms")}
 
 
 def exec_pair(execs: int) -> dict:
@@ -262,9 +274,10 @@ def summarize(runs: list[dict]) -> dict:
             row["ray_overhead_cpu_s"] = median(lambda r, c=config: r[c]["cpu_s"] - r["local"]["cpu_s"])
         out[config] = row
     if "exec_true_ms" in runs[0]:
-        out["exec_true_ms"] = {"ray": median(lambda r: r["exec_true_ms"]["ray"]),
-                               "local": median(lambda r: r["exec_true_ms"]["local"]),
-                               "ray_over_local": median(lambda r: r["exec_true_ms"]["ray"] / r["exec_true_ms"]["local"])}
+        exec_ms = [r["exec_true_ms"] for r in runs]
+        out["exec_true_ms"] = {"ray": round(statistics.median(e["ray"] for e in exec_ms), 3),
+                               "local": round(statistics.median(e["local"] for e in exec_ms), 3),
+                               "ray_over_local": round(statistics.median(e["ray"] / e["local"] for e in exec_ms), 3)}
     return out
 
 
@@ -289,7 +302,7 @@ def main() -> int:
     try:
         runs = []
         for i in range(args.runs):
-            runs.append(scaling_run(args, groups) if args.scaling else ratio_run(args, groups))
+            runs.append(scaling_run(args, groups) if args.scaling else ratio_run(args, groups, i))
             print(f"run {i + 1}: " + json.dumps(runs[-1]), file=sys.stderr, flush=True)
     finally:
         groups.close()

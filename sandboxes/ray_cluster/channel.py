@@ -131,8 +131,12 @@ class Channel:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.sendall(self._hello)
-            if _recv_exact(conn, len(ACCEPTED), time.monotonic() + timeout) != ACCEPTED:
-                raise ConnectionError(f"{self.address[0]}:{self.address[1]} is not this sandbox host")
+            try:
+                accepted = _recv_exact(conn, len(ACCEPTED), time.monotonic() + timeout) == ACCEPTED
+            except EOFError:
+                accepted = False
+            if not accepted:
+                raise ConnectionError(f"{self.address[0]}:{self.address[1]} is not this sandbox host (token refused)")
         except BaseException:
             conn.close()
             raise

@@ -96,7 +96,7 @@ class HostPool:
             for k in [k for k in self._idle if k != key]:
                 del self._idle[k]
         for other in others:
-            _kill(ray, other)
+            kill(ray, other)
 
     def started(self, host: Host) -> None:
         """A new host is in use on ``host.node_id``."""
@@ -118,13 +118,13 @@ class HostPool:
                     self._sweeper.start()
                 self._lock.notify_all()
         if not keep:
-            _kill(ray, host)
+            kill(ray, host)
 
     def discard(self, ray: Any, host: Host) -> None:
         """``host`` is no longer usable (lost, or its close failed): kill it."""
         with self._lock:
             self._uncount(host)
-        _kill(ray, host)
+        kill(ray, host)
 
     def release_all(self) -> int:
         """Kill every idle host now (their slots free at once); how many there were."""
@@ -133,7 +133,7 @@ class HostPool:
             self._idle.clear()
             ray = self._ray
         for host in idle:
-            _kill(ray, host)
+            kill(ray, host)
         return len(idle)
 
     def idle_count(self) -> int:
@@ -181,16 +181,25 @@ class HostPool:
                     self._lock.wait(min(due) - now)
                     continue
             for host in expired:
-                _kill(ray, host)
+                kill(ray, host)
 
 
-def _kill(ray: Any, host: Host) -> None:
+def connected(ray: Any, host: Host) -> bool:
+    """Whether this process is still on the Ray connection ``host`` was made on. Ray's calls made
+    without one start a new cluster (``ray.kill`` and ``.remote()`` call ``ray.init()``), and the
+    host died with its connection anyway."""
+    return host.session is not None and session_of(ray) == host.session
+
+
+def kill(ray: Any, host: Host) -> None:
+    """Kill ``host`` (its guard cleans its node): close its channel, then its actor."""
     if host.channel is not None:
         host.channel.close()
-    try:
-        ray.kill(host.actor, no_restart=True)
-    except Exception:
-        pass  # already dead, or its connection is gone (and the actor with it)
+    if connected(ray, host):
+        try:
+            ray.kill(host.actor, no_restart=True)
+        except Exception:
+            pass  # already dead
 
 
 #: This process's pool (Ray's connection is per process, and so are its actors).

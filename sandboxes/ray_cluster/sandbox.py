@@ -31,7 +31,7 @@ from ..repos import git
 from .channel import TOKEN_BYTES, Channel
 from .connect import RESOURCE, ensure_connected, require_capacity
 from .host import INNER_BACKENDS, NEED_REPO, SandboxHost, is_local_path
-from .pool import POOL, Host, pool_key, session_of
+from .pool import POOL, Host, connected, kill, pool_key, session_of
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +227,8 @@ class RaySandbox(ClosesItself):
                                  f"(node {self.placement.get('node_ip', '?')})", timed_out=True)
             except (OSError, EOFError) as exc:
                 self._lose(host, f"the ray sandbox was lost during {what}: its host's connection ended ({exc})")
+        elif not connected(self._ray, host):  # Ray was shut down: calling it would start a new cluster
+            self._lose(host, f"the ray sandbox was lost during {what}: this process left its Ray cluster")
         else:
             exceptions = self._ray.exceptions
             try:
@@ -244,12 +246,7 @@ class RaySandbox(ClosesItself):
         """Mark the sandbox lost (every later call fails the same way), kill its actor, raise."""
         with self._lock:
             self._lost = reason
-        if host.channel is not None:
-            host.channel.close()
-        try:
-            self._ray.kill(host.actor, no_restart=True)
-        except Exception:
-            pass
+        kill(self._ray, host)
         raise HostLostError(reason, timed_out=timed_out)
 
 

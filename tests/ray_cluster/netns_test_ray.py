@@ -24,6 +24,7 @@ from gym_envs.envs.repo_env import RepoEnv
 from gym_envs.grading.verifier import Verifier
 from sandboxes import SandboxClosedError, SandboxError
 from sandboxes.ray_cluster import RaySandbox, RayUnavailableError
+from sandboxes.ray_cluster import sandbox as ray_sandbox
 from sandboxes.ray_cluster.channel import Channel
 from sandboxes.ray_cluster.host import shipped_dir
 from sandboxes.ray_cluster.pool import POOL
@@ -180,6 +181,17 @@ def test_gold_resolves_through_the_verifier_in_one_call_on_the_node(cluster, tas
     assert cost.test_cpu_seconds > 0 and cost.harness_cpu_seconds > 0 and cost.peak_memory_bytes > 0, cost
     assert "passed" in report.test_output
     assert not verifier.verify(task, "", run_empty=True).resolved
+
+
+def test_without_a_direct_connection_every_call_goes_through_ray(cluster, task_set, monkeypatch):
+    """Where the driver cannot reach a host's port (a Ray Client driver outside the cluster's
+    network), the same calls, the whole grading included, go as Ray tasks."""
+    monkeypatch.setattr(ray_sandbox, "_connect", lambda address, token: None)
+    task = task_set.get("patchgym__semverkit-2")
+    with make_sandbox(task, "ray", keep_warm=0) as s:
+        assert s._host.channel is None and s.exec("echo hi").output == "hi\n"
+    report = Verifier(sandbox_factory("ray", keep_warm=0)).verify(task, task.patch)
+    assert report.resolved and not report.placement["host_reused"], report
 
 
 def test_repository_shipped_to_the_node_and_hidden_from_commands(cluster, task):
