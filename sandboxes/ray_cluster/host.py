@@ -1,4 +1,4 @@
-"""The node side of the ray backend: one actor hosts one local or docker sandbox on its node.
+"""The node side of the ray backend: one actor hosts one local or docker sandbox at a time on its node.
 
 Nothing here imports Ray: the class is made a Ray actor by :mod:`.sandbox`, so this module runs
 (and is tested) as plain Python too. Each host starts a *guard* first: a detached process that

@@ -1,12 +1,15 @@
 """The driver side of the ray backend: a :class:`~sandboxes.base.Sandbox` whose workspace lives in an
 actor on a node of a Ray cluster.
 
-Each ``RaySandbox`` creates one actor (a :class:`.host.SandboxHost`) on a node that declares the
-sandbox resource, spread over the nodes by default, and forwards every protocol call to it. The
-actor is owned by this process and never restarted: when this process dies Ray kills it, and the
-actor's guard removes its sandbox. Every call has a deadline (the command's own timeout plus a
-margin), and a lost actor, a dead node or a missed deadline is an infrastructure failure
-(:class:`~sandboxes.base.SandboxError`, masked by graders), never a hang.
+Each ``RaySandbox`` opens its sandbox in an actor (a :class:`.host.SandboxHost`) on a node that
+declares the sandbox resource, spread over the nodes by default: a warm host of this process whose
+last sandbox closed (:mod:`.pool`), else a new one. It forwards every protocol call to the host over
+a direct connection (:mod:`.channel`), or through Ray where there is none, and ``run_near`` runs a
+whole piece of work (a grading) beside the sandbox in one call. The actor is owned by this process
+and never restarted: when this process dies Ray kills it, and the actor's guard removes its
+sandbox. Every call has a deadline (the command's own timeout plus a margin), and a lost actor, a
+dead node or a missed deadline is an infrastructure failure (:class:`~sandboxes.base.SandboxError`,
+masked by graders), never a hang.
 """
 
 from __future__ import annotations
