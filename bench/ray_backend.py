@@ -21,7 +21,9 @@ and their sandboxes) runs in a ``cpu`` cgroup with a quota of ``--node-cpus`` co
 and this driver declare no sandbox slot and run outside the quotas, as a trainer's node would. Each
 node count N grades ``--episodes`` × N episodes with ``--slots-per-node`` × N at once; the local
 backend runs ``--episodes`` with ``--slots-per-node`` at once under one node's quota, as the
-reference for one node's worth of cores.
+reference for one node's worth of cores. ``quota_throttled`` is the share of scheduling periods in
+which a quota held its node back: near 0, the machine's other load was the limit, not the quotas,
+and the node counts cannot show scaling (measure on an otherwise idle machine).
 
 CPU per episode: this whole process tree sits in a ``cpuacct`` cgroup, so what it spends (the
 driver, Ray's daemons, the sandbox hosts, ended processes included) is measured; the sandboxes'
@@ -76,6 +78,15 @@ class BenchCgroups:
 
     def cpu_seconds(self) -> float:
         return int((self.account / "cpuacct.usage").read_text()) / 1e9
+
+    def throttling(self) -> tuple[int, int]:
+        """(periods, throttled periods) so far over the quota cgroups: how often a quota, rather than
+        the machine's other load, was what held the processes back."""
+        periods = throttled = 0
+        for path in self._made:
+            stat = dict(line.split() for line in (path / "cpu.stat").read_text().splitlines())
+            periods, throttled = periods + int(stat["nr_periods"]), throttled + int(stat["nr_throttled"])
+        return periods, throttled
 
     @contextlib.contextmanager
     def limited(self, name: str, cpus: float) -> Iterator[None]:
@@ -152,9 +163,9 @@ def episodes(factory, count: int, workers: int, groups: BenchCgroups) -> dict:
                                  range(n)))
 
     warm = batch(workers)
-    before, cpu0, start = process_cpu(groups.name), groups.cpu_seconds(), time.monotonic()
+    before, cpu0, quota0, start = process_cpu(groups.name), groups.cpu_seconds(), groups.throttling(), time.monotonic()
     reports = batch(count)
-    seconds, cpu = time.monotonic() - start, groups.cpu_seconds() - cpu0
+    seconds, cpu, quota1 = time.monotonic() - start, groups.cpu_seconds() - cpu0, groups.throttling()
     after = process_cpu(groups.name)
     bad = [(r.instance_id, r.infrastructure_failure_reason or r.error) for r in warm + reports if not r.resolved]
     if bad:
@@ -173,6 +184,9 @@ def episodes(factory, count: int, workers: int, groups: BenchCgroups) -> dict:
         "nodes_used": len({p["node_id"] for p in placements if "node_id" in p}),
         "hosts_reused": sum(bool(p.get("host_reused")) for p in placements) / count if placements[0] else None,
         "cold_start_s": statistics.median(cold) if cold else None,
+        # --scaling: the share of scheduling periods in which a node's quota held it back (near 0:
+        # the machine's other load, not the quota, was the limit, and node counts cannot scale)
+        "quota_throttled": (quota1[1] - quota0[1]) / (quota1[0] - quota0[0]) if quota1[0] > quota0[0] else None,
     }
 
 
