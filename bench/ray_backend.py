@@ -14,7 +14,7 @@ process per slot, kept warm between sandboxes). A cold host's start is reported 
 Default: the local backend, then ``ray.cluster_utils.Cluster`` on 127.0.0.1 with ``--workers``
 sandbox slots on 1 node and split over 2 nodes. All of them share this machine's cores, so two nodes
 measure the cost of spreading, not more compute. ``exec("true")``: one ray and one local sandbox,
-interleaved blocks, medians.
+calls alternating, medians.
 
 ``--scaling``: the sandbox nodes get real CPU limits. Each node (its raylet, the actors it starts
 and their sandboxes) runs in a ``cpu`` cgroup with a quota of ``--node-cpus`` cores; the head (GCS)
@@ -215,17 +215,6 @@ def cluster(nodes: int, slots: int, groups: BenchCgroups | None = None, node_cpu
         c.shutdown()
 
 
-def exec_latency(sandbox, n: int) -> float:
-    for _ in range(5):
-        sandbox.exec("true")
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        sandbox.exec("true")
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def ratio_run(args, groups: BenchCgroups, turn: int) -> dict:
     """One run: the local backend, ray on 1 node, ray on 2 nodes, starting with the ``turn``-th (so
     that over runs, drift in the machine's load hits each alike)."""
@@ -249,17 +238,22 @@ def ratio_run(args, groups: BenchCgroups, turn: int) -> dict:
 
 
 def exec_pair(execs: int) -> dict:
+    """Median ``exec("true")`` of a ray and a local sandbox, calls alternating one by one, so that
+    both see the same moments of the machine's other load."""
     task = load_task_set().get("patchgym__semverkit-1")
-    remote, local = make_sandbox(task, "ray"), make_sandbox(task, "local")
+    sandboxes = {"ray": make_sandbox(task, "ray"), "local": make_sandbox(task, "local")}
     try:
-        r, loc = [], []
-        for _ in range(3):
-            r.append(exec_latency(remote, execs // 3))
-            loc.append(exec_latency(local, execs // 3))
-        return {"ray": statistics.median(r) * 1000, "local": statistics.median(loc) * 1000}
+        times: dict[str, list[float]] = {name: [] for name in sandboxes}
+        for i in range(execs + 10):
+            for name, sandbox in sandboxes.items():
+                start = time.perf_counter()
+                sandbox.exec("true")
+                if i >= 10:  # the first ten: warm-up
+                    times[name].append(time.perf_counter() - start)
+        return {name: statistics.median(t) * 1000 for name, t in times.items()}
     finally:
-        remote.close()
-        local.close()
+        for sandbox in sandboxes.values():
+            sandbox.close()
 
 
 def scaling_run(args, groups: BenchCgroups) -> dict:
@@ -300,7 +294,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--episodes", type=int, default=18, help="timed episodes (per node with --scaling)")
     parser.add_argument("--workers", type=int, default=4, help="episodes at once = sandbox slots in all (even)")
-    parser.add_argument("--execs", type=int, default=60)
+    parser.add_argument("--execs", type=int, default=200, help="exec(\"true\") calls on each sandbox")
     parser.add_argument("--scaling", action="store_true", help="nodes with CPU limits, episodes/min per node count")
     parser.add_argument("--nodes", type=lambda s: [int(n) for n in s.split(",")], default=[1, 2, 3])
     parser.add_argument("--node-cpus", type=float, default=0.5, help="--scaling: cores per node (a cgroup quota)")
