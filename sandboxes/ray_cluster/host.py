@@ -142,10 +142,10 @@ class SandboxHost:
         return True, None
 
     def _sandbox_of(self, owner: str) -> Any:
-        sandbox = self.sandbox
-        if sandbox is None or self.owner != owner:
-            raise SandboxClosedError("the sandbox is closed (this host no longer holds it)")
-        return sandbox
+        with self._lock:
+            if self.sandbox is None or self.owner != owner:
+                raise SandboxClosedError("the sandbox is closed (this host no longer holds it)")
+            return self.sandbox
 
     # -- internals ------------------------------------------------------------------------
 
