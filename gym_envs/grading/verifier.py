@@ -139,6 +139,54 @@ class Verifier:
         passed = len(status.get("FAIL_TO_PASS", {}).get("success", []))
         return passed / len(task.FAIL_TO_PASS)
 
+    @staticmethod
+    def _grade_in(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> None:
+        protected = touched_paths(task.test_patch)
+        if patch.strip():
+            try:
+                filtered = filter_agent_patch(patch, protected)
+            except PatchError as exc:  # the agent's failure, never infrastructure
+                report.error = f"the patch cannot be parsed: {exc}"
+                return
+            report.ignored_paths = filtered.dropped
+            if filtered.text:
+                method = apply_patch(sandbox, filtered.text)
+                if method is None:
+                    report.error = "the patch does not apply to the base commit"
+                    return
+                report.apply_method = method
+        report.patch_successfully_applied = True
+        # An empty test patch (synthesized tasks: the hidden tests are the existing ones) applies nothing.
+        if task.test_patch.strip() and apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
+            if not _applies_to_base(sandbox, task.test_patch):
+                raise SandboxError("the task's test patch does not apply (the task is broken)")
+            # It applies to the base commit, so the agent's change is what stands in its way.
+            report.patch_successfully_applied = False
+            report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
+            return
+        Verifier._run_tests(sandbox, task, report, meter)
+
+    @staticmethod
+    def _run_tests(sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter) -> None:
+        files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
+        run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files)
+        meter.add_tests(run.cpu_seconds)
+        report.test_output = run.output
+        report.test_exit_code = run.exit_code
+        report.test_timed_out = run.timed_out
+        if run.error:
+            report.error = run.error
+        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail)
+        report.tests_status = g.tests_status
+        report.missing_tests = g.missing
+        report.results_consistent = run.consistent
+        if run.tampering:
+            report.tampering_detected, report.tampering_reason = True, run.tampering
+        report.resolved = (g.resolved and report.results_consistent and not run.timed_out
+                           and not report.tampering_detected)
+        if g.resolved and not report.results_consistent and not report.tampering_detected:
+            report.error = f"test results contradict the runner's exit code {run.exit_code}"
+
 
 def _grade(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> InstanceReport:
     """Grade in ``sandbox``: here, or where the sandbox offers ``run_near`` (the ray backend), on its
@@ -146,7 +194,7 @@ def _grade(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, met
     the harness's CPU is spent beside the sandbox. The node's meter joins this one."""
     run_near = getattr(sandbox, "run_near", None)
     if not callable(run_near):
-        _grade_in(sandbox, task, patch, report, meter)
+        Verifier._grade_in(sandbox, task, patch, report, meter)
         return report
     report, node_meter = run_near(_grade_on_node, task, patch, report,
                                   timeout=task.test_spec.timeout + GRADING_MARGIN)
@@ -156,59 +204,11 @@ def _grade(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, met
 
 def _grade_on_node(sandbox: Sandbox, task: Task, patch: str,
                    report: InstanceReport) -> tuple[InstanceReport, CostMeter]:
-    """:func:`_grade_in` where the sandbox is (called by the sandbox's host, see :func:`_grade`)."""
+    """:meth:`Verifier._grade_in` where the sandbox is (called by the sandbox's host, see :func:`_grade`)."""
     meter = CostMeter()
     with meter.charging():
-        _grade_in(sandbox, task, patch, report, meter)
+        Verifier._grade_in(sandbox, task, patch, report, meter)
     return report, meter
-
-
-def _grade_in(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> None:
-    protected = touched_paths(task.test_patch)
-    if patch.strip():
-        try:
-            filtered = filter_agent_patch(patch, protected)
-        except PatchError as exc:  # the agent's failure, never infrastructure
-            report.error = f"the patch cannot be parsed: {exc}"
-            return
-        report.ignored_paths = filtered.dropped
-        if filtered.text:
-            method = apply_patch(sandbox, filtered.text)
-            if method is None:
-                report.error = "the patch does not apply to the base commit"
-                return
-            report.apply_method = method
-    report.patch_successfully_applied = True
-    # An empty test patch (synthesized tasks: the hidden tests are the existing ones) applies nothing.
-    if task.test_patch.strip() and apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
-        if not _applies_to_base(sandbox, task.test_patch):
-            raise SandboxError("the task's test patch does not apply (the task is broken)")
-        # It applies to the base commit, so the agent's change is what stands in its way.
-        report.patch_successfully_applied = False
-        report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
-        return
-    _run_tests(sandbox, task, report, meter)
-
-
-def _run_tests(sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter) -> None:
-    files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
-    run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files)
-    meter.add_tests(run.cpu_seconds)
-    report.test_output = run.output
-    report.test_exit_code = run.exit_code
-    report.test_timed_out = run.timed_out
-    if run.error:
-        report.error = run.error
-    g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail)
-    report.tests_status = g.tests_status
-    report.missing_tests = g.missing
-    report.results_consistent = run.consistent
-    if run.tampering:
-        report.tampering_detected, report.tampering_reason = True, run.tampering
-    report.resolved = (g.resolved and report.results_consistent and not run.timed_out
-                       and not report.tampering_detected)
-    if g.resolved and not report.results_consistent and not report.tampering_detected:
-        report.error = f"test results contradict the runner's exit code {run.exit_code}"
 
 
 def _applies_to_base(sandbox: Sandbox, patch: str) -> bool:
