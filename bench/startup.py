@@ -13,11 +13,16 @@ every round, so drift hits all alike), one uncounted warm-up round first:
   gold --instance-ids TASK``, from the parent's spawn to the first ``make_sandbox`` call (the
   harness's own start-up: imports, flags, the task catalog, predictions, reaping leftovers) and to
   its return (the first sandbox ready for a command, environment cached). The child is patchgym's
-  console script with a one-shot import hook that wraps ``tasks.backends.make_sandbox``; it closes
+  console script with an import hook that wraps the functions of the eval's path as their modules
+  load (``PHASES``: the same figure phase by phase) and ``tasks.backends.make_sandbox``; it closes
   that sandbox and exits, so grading is not in the figure.
 
 Times are wall-clock from just before the parent spawns the child (``time.monotonic`` is one clock
 for every process on Linux) to the moment measured, or to the child's exit.
+
+Warm caches include Python's bytecode: the children run without ``PYTHONDONTWRITEBYTECODE``, so the
+warm-up round writes ``__pycache__`` as any first run of a checkout does (an installed patchgym
+has it from ``pip install``). With it set, every process compiles patchgym's modules from source.
 
     python bench/startup.py [--task ID] [--rounds 7] [--mini PATH] [--pythonpath DIR] [--json FILE]
 
@@ -38,34 +43,51 @@ import tempfile
 import time
 from pathlib import Path
 
-# Run in the child: patchgym's console script, plus a hook that reports the first sandbox. The hook
-# wraps make_sandbox when tasks.backends finishes importing (importing it up front would move
-# import time out of the figure), then prints both moments and leaves.
+# Run in the child: patchgym's console script, plus a hook that times where the time goes and
+# reports the first sandbox. It wraps functions of the eval path when their modules finish importing
+# (importing them up front would move import time out of the figures), and at the first sandbox
+# prints every moment and leaves.
 CHILD = r"""
-import importlib.util, os, sys, time
+import functools, importlib.util, json, os, sys, time
 from importlib.abc import MetaPathFinder
 
+moments = [("child", time.monotonic())]
+WATCH = {"cli.common": ("load_selection", "make_verifier", "reap"), "tasks.predictions": ("load_predictions",),
+         "gym_envs.grading.evaluation": ("evaluate",), "tasks.backends": ("make_sandbox",)}
+
+def timed(name, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        moments.append((name + ":start", time.monotonic()))
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            moments.append((name + ":end", time.monotonic()))
+        if name == "make_sandbox":
+            sys.stderr.write("\nPATCHGYM-BENCH " + json.dumps(moments) + "\n")
+            sys.stderr.flush()
+            result.close()
+            os._exit(0)
+        return result
+    return wrapper
+
 class Hook(MetaPathFinder):
+    looking = False
+
     def find_spec(self, name, path=None, target=None):
-        if name != "tasks.backends":
+        if name not in WATCH or self.looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.looking = True  # the finders after this one find the module
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.looking = False
         load = spec.loader.exec_module
 
         def exec_module(module):
             load(module)
-            make = module.make_sandbox
-
-            def first(*args, **kwargs):
-                requested = time.monotonic()
-                sandbox = make(*args, **kwargs)
-                ready = time.monotonic()
-                sys.stderr.write(f"\nPATCHGYM-BENCH {requested!r} {ready!r}\n")
-                sys.stderr.flush()
-                sandbox.close()
-                os._exit(0)
-            module.make_sandbox = first
+            for attr in WATCH[name]:
+                setattr(module, attr, timed(attr, getattr(module, attr)))
         spec.loader.exec_module = exec_module
         return spec
 
@@ -75,8 +97,22 @@ try:
     from cli import main
 except ImportError:  # a checkout from before the command line moved to cli/
     from gym_envs.cli import main
+moments.append(("cli imported", time.monotonic()))
 sys.exit(main())
 """
+
+#: The eval's start-up, phase by phase: (name, from moment, to moment) in the child's moments.
+PHASES = (
+    ("interpreter", "spawn", "child"),
+    ("import cli (typer, rich, command modules)", "child", "cli imported"),
+    ("parse flags, the eval's imports (grading, task model)", "cli imported", "load_selection:start"),
+    ("load the task catalog", "load_selection:start", "load_selection:end"),
+    ("predictions", "load_predictions:start", "load_predictions:end"),
+    ("the grader (verifier, sandbox factory)", "make_verifier:start", "reap:start"),
+    ("reap what dead processes left", "reap:start", "reap:end"),
+    ("to the first make_sandbox (resume check, worker pool)", "make_verifier:end", "make_sandbox:start"),
+    ("make_sandbox (the sandbox ready)", "make_sandbox:start", "make_sandbox:end"),
+)
 
 
 def spawn(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, str]:
@@ -95,14 +131,18 @@ def timed(argv: list[str], env: dict[str, str], cwd: str) -> float:
     return time.monotonic() - started
 
 
-def first_sandbox(task: str, env: dict[str, str], cwd: str, output: str) -> tuple[float, float]:
+def first_sandbox(task: str, env: dict[str, str], cwd: str, output: str) -> dict[str, float]:
+    """One ``patchgym eval`` to its first sandbox: each moment the child recorded, in seconds after
+    the spawn (``spawn`` itself is 0)."""
     argv = [sys.executable, "-c", CHILD, "eval", "--predictions", "gold", "--instance-ids", task,
             "--output", output, "--force", "--workers", "1"]
     started, stderr = spawn(argv, env, cwd)
     for line in stderr.splitlines():
         if line.startswith("PATCHGYM-BENCH "):
-            requested, ready = map(float, line.split()[1:])
-            return requested - started, ready - started
+            moments = {"spawn": 0.0}
+            for name, at in json.loads(line.removeprefix("PATCHGYM-BENCH ")):
+                moments.setdefault(name, at - started)  # the first make_sandbox, the first reap...
+            return moments
     raise SystemExit(f"patchgym eval never made a sandbox:\n{stderr[-3000:]}")
 
 
@@ -118,6 +158,9 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="pg-bench-startup-")
     env = dict(os.environ)
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):
+        print("PYTHONDONTWRITEBYTECODE is set here: the children run without it (warm caches include bytecode)",
+              file=sys.stderr)
     if args.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(args.pythonpath).resolve()),
                                                           env.get("PYTHONPATH")]))
@@ -138,6 +181,7 @@ def main() -> None:
     }
     names = list(columns)
     samples: dict[str, list[float]] = {}
+    breakdown: dict[str, list[float]] = {}
     for round_ in range(args.rounds + 1):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
@@ -145,8 +189,11 @@ def main() -> None:
             if round_ == 0:
                 continue  # warm-up: caches, the environment, page cache
             if name == "eval_first_sandbox":
-                samples.setdefault("eval_first_sandbox_requested", []).append(value[0])
-                samples.setdefault("eval_first_sandbox_ready", []).append(value[1])
+                samples.setdefault("eval_first_sandbox_requested", []).append(value["make_sandbox:start"])
+                samples.setdefault("eval_first_sandbox_ready", []).append(value["make_sandbox:end"])
+                for phase, begin, end in PHASES:
+                    if begin in value and end in value:
+                        breakdown.setdefault(phase, []).append(value[end] - value[begin])
             else:
                 samples.setdefault(name, []).append(value)
     shutil.rmtree(work, ignore_errors=True)
@@ -158,9 +205,13 @@ def main() -> None:
     for name, r in result.items():
         print(f"{name:<{width}}  median {r['median_ms']:7.1f} ms  (min {r['min_ms']:.1f}, max {r['max_ms']:.1f}, "
               f"n={r['n']})")
+    print("eval_first_sandbox_ready, phase by phase (medians):")
+    phases = {phase: round(statistics.median(v) * 1000, 1) for phase, v in breakdown.items()}
+    for phase, ms in phases.items():
+        print(f"  {phase:<{max(map(len, phases))}}  {ms:7.1f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"task": args.task, "pythonpath": args.pythonpath, "results": result},
-                                        indent=2))
+        args.json.write_text(json.dumps({"task": args.task, "pythonpath": args.pythonpath, "results": result,
+                                         "eval_phases_median_ms": phases}, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from gym_envs import Verifier
@@ -156,6 +158,40 @@ def test_infrastructure_failure_is_kept_apart(calc_task):
     report = Verifier(broken_factory).verify(calc_task, calc_task.patch)
     assert report.infrastructure_failure and "pip could not reach" in report.infrastructure_failure_reason
     assert not report.resolved and report.reward == 0.0
+
+
+class _FarSandbox:
+    """A sandbox on another machine as the ray backend offers it: ``run_near`` sends a function and
+    its arguments there by pickle and brings the answer back the same way; nothing else is called."""
+
+    def __init__(self, task, fail: bool = False) -> None:
+        from tasks.backends import make_sandbox
+
+        self.near = make_sandbox(task)
+        self.workdir, self.base_commit, self.fail = self.near.workdir, self.near.base_commit, fail
+
+    def run_near(self, fn, *args, timeout, **kwargs):
+        fn, args, kwargs = pickle.loads(pickle.dumps((fn, args, kwargs)))
+        if self.fail:
+            self.near.close()  # the node lost it mid-grading
+        return pickle.loads(pickle.dumps(fn(self.near, *args, **kwargs)))
+
+    def usage(self):
+        return self.near.usage()
+
+    def close(self):
+        self.near.close()
+
+
+def test_a_grading_runs_whole_where_the_sandbox_is(verifier, calc_task):
+    far = Verifier(lambda t: _FarSandbox(t))
+    near = verifier.verify(calc_task, calc_task.patch)
+    report = far.verify(calc_task, calc_task.patch)
+    assert report.resolved and report.tests_status == near.tests_status and "passed" in report.test_output
+    assert report.cost.test_cpu_seconds > 0 and report.cost.harness_cpu_seconds > 0, report.cost
+    assert not far.verify(calc_task, "", run_empty=True).resolved
+    lost = Verifier(lambda t: _FarSandbox(t, fail=True)).verify(calc_task, calc_task.patch)
+    assert lost.infrastructure_failure and not lost.resolved
 
 
 class _ForgingSandbox:

@@ -166,6 +166,14 @@ class CostMeter:
             max(self._peak, usage.peak_memory_bytes)
         self._attributed = 0.0
 
+    def absorb(self, other: CostMeter) -> None:
+        """A meter that charged part of this episode on another machine (a grading run on the node
+        that holds the sandbox, see ``Verifier``): its harness CPU there and the tests' and agent's
+        CPU it saw count here. Its sandbox was not closed there: this meter reads it when it closes."""
+        self._thread_cpu += other._thread_cpu
+        self.add_agent(other._agent)
+        self.add_tests(other._tests)
+
     def include(self, part: EpisodeCost | None) -> None:
         """A cost measured inside this episode by a meter of its own (the grading of a RepoEnv
         episode): its CPU and peak memory count, its wall time is already inside this one's."""

@@ -34,7 +34,8 @@ from tasks.backends import SandboxFactory, make_sandbox
 from tasks.model import Task
 
 log = logging.getLogger(__name__)
-
+#: What a grading may take beyond its test run's own timeout (applying patches, copying files).
+GRADING_MARGIN = 600.0
 
 
 class InstanceReport(BaseModel):
@@ -108,7 +109,9 @@ class Verifier:
             sandbox = self.factory(task)
             placement = getattr(sandbox, "placement", None)
             report.placement = dict(placement) if placement else None
-            self._grade_in(sandbox, task, patch or "", report, meter)
+            report = _grade(sandbox, task, patch or "", report, meter)
+            if report.tampering_detected:
+                log.warning("%s: tampering detected: %s", task.instance_id, report.tampering_reason)
         except SandboxError as exc:
             report.infrastructure_failure = True
             report.infrastructure_failure_reason = f"{type(exc).__name__}: {exc}"
@@ -136,8 +139,8 @@ class Verifier:
         passed = len(status.get("FAIL_TO_PASS", {}).get("success", []))
         return passed / len(task.FAIL_TO_PASS)
 
-    def _grade_in(self, sandbox: Sandbox, task: Task, patch: str, report: InstanceReport,
-                  meter: CostMeter) -> None:
+    @staticmethod
+    def _grade_in(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> None:
         protected = touched_paths(task.test_patch)
         if patch.strip():
             try:
@@ -161,9 +164,10 @@ class Verifier:
             report.patch_successfully_applied = False
             report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
             return
-        self._run_tests(sandbox, task, report, meter)
+        Verifier._run_tests(sandbox, task, report, meter)
 
-    def _run_tests(self, sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter) -> None:
+    @staticmethod
+    def _run_tests(sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter) -> None:
         files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
         run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files)
         meter.add_tests(run.cpu_seconds)
@@ -178,11 +182,33 @@ class Verifier:
         report.results_consistent = run.consistent
         if run.tampering:
             report.tampering_detected, report.tampering_reason = True, run.tampering
-            log.warning("%s: tampering detected: %s", task.instance_id, run.tampering)
         report.resolved = (g.resolved and report.results_consistent and not run.timed_out
                            and not report.tampering_detected)
         if g.resolved and not report.results_consistent and not report.tampering_detected:
             report.error = f"test results contradict the runner's exit code {run.exit_code}"
+
+
+def _grade(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> InstanceReport:
+    """Grade in ``sandbox``: here, or where the sandbox offers ``run_near`` (the ray backend), on its
+    node in one call, so that the dozen commands and files of a grading make no round trip each and
+    the harness's CPU is spent beside the sandbox. The node's meter joins this one."""
+    run_near = getattr(sandbox, "run_near", None)
+    if not callable(run_near):
+        Verifier._grade_in(sandbox, task, patch, report, meter)
+        return report
+    report, node_meter = run_near(_grade_on_node, task, patch, report,
+                                  timeout=task.test_spec.timeout + GRADING_MARGIN)
+    meter.absorb(node_meter)
+    return report
+
+
+def _grade_on_node(sandbox: Sandbox, task: Task, patch: str,
+                   report: InstanceReport) -> tuple[InstanceReport, CostMeter]:
+    """:meth:`Verifier._grade_in` where the sandbox is (called by the sandbox's host, see :func:`_grade`)."""
+    meter = CostMeter()
+    with meter.charging():
+        Verifier._grade_in(sandbox, task, patch, report, meter)
+    return report, meter
 
 
 def _applies_to_base(sandbox: Sandbox, patch: str) -> bool:

@@ -1,4 +1,4 @@
-"""The node side of the ray backend: one actor hosts one local or docker sandbox on its node.
+"""The node side of the ray backend: one actor hosts one local or docker sandbox at a time on its node.
 
 Nothing here imports Ray: the class is made a Ray actor by :mod:`.sandbox`, so this module runs
 (and is tested) as plain Python too. Each host starts a *guard* first: a detached process that
@@ -16,17 +16,20 @@ import pickle
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..base import EnvironmentBuildError, SandboxError, usage_of
+from ..base import EnvironmentBuildError, SandboxClosedError, SandboxError, usage_of
 from ..limits import ResourceLimits
 from ..local import SandboxSpec
 from ..locks import file_lock
 from ..paths import cache_dir
+from .channel import ChannelServer
 
 #: What a host answers instead of opening when its node cannot reach the driver's repository.
 NEED_REPO = "need-repo"
@@ -34,7 +37,7 @@ INNER_BACKENDS = ("local", "docker")
 
 
 def shipped_dir() -> Path:
-    """Where repositories shipped through the object store are kept on a node: inside the mirrors'
+    """Where repositories shipped from the driver are kept on a node: inside the mirrors'
     cache, which every local sandbox already hides from commands (they hold the whole history)."""
     path = cache_dir("mirrors") / "shipped"
     path.mkdir(parents=True, exist_ok=True)
@@ -46,52 +49,103 @@ def is_local_path(source: str) -> bool:
 
 
 class SandboxHost:
-    """Hosts one sandbox; every method answers ``(ok, value)`` so errors cross Ray as they are."""
+    """Hosts one sandbox at a time; every method answers ``(ok, value)`` so errors cross as they are.
 
-    def __init__(self) -> None:
+    The driver may reuse a host for its next sandbox once the last one closed cleanly (the actor's
+    process, Ray's worker and patchgym's imports then cost nothing again). Each sandbox is named by
+    the driver's ``owner`` key, which every call carries: a call for a sandbox this host no longer
+    holds (a late call of a closed one) never reaches the next sandbox.
+
+    With ``token``, the host also answers on a :class:`~.channel.ChannelServer` at ``address``
+    (default: its Ray node's address), which ``open``'s placement names as ``channel``.
+    """
+
+    CALLS = ("open", "call", "run", "close")  # what a channel may ask for
+
+    def __init__(self, token: bytes | None = None, address: str | None = None) -> None:
         self.sandbox: Any = None
+        self.owner: str | None = None
         self.repository = ""  # how this node got the repository: path, url or shipped
+        self._lock = threading.Lock()
         self.guard = start_guard()
+        self.channel: ChannelServer | None = None
+        if token is not None:
+            self.channel = ChannelServer(address or _node_address(), token, self.dispatch)
 
-    def open(self, inner: str, spec: SandboxSpec, limits: ResourceLimits | None, options: dict[str, Any],
-             *, ship: str = "auto", digest: str | None = None, bundle: bytes | None = None,
-             extra_hidden: Any = None) -> tuple[bool, Any]:
-        """Build the sandbox; answer its placement, or :data:`NEED_REPO` when this node needs the
-        driver's repository shipped (``digest`` names a bundle the node may already keep)."""
+    def dispatch(self, name: str, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """One call from the channel: ``getattr(self, name)(*args, **kwargs)`` for :attr:`CALLS`."""
+        if name not in self.CALLS:
+            return False, SandboxError(f"not a sandbox host call: {name!r}")
         try:
+            return getattr(self, name)(*args, **kwargs)
+        except Exception as exc:  # wrong arguments: the driver's bug, reported rather than hung on
+            return False, _portable(exc)
+
+    def open(self, owner: str, inner: str, spec: SandboxSpec, limits: ResourceLimits | None,
+             options: dict[str, Any], *, ship: str = "auto", digest: str | None = None,
+             bundle: bytes | None = None, extra_hidden: Any = None) -> tuple[bool, Any]:
+        """Build the sandbox for ``owner``; answer its placement, or :data:`NEED_REPO` when this node
+        needs the driver's repository shipped (``digest`` names a bundle the node may already keep)."""
+        try:
+            with self._lock:
+                if self.sandbox is not None:
+                    raise SandboxError("this host still holds another sandbox")
+                self.owner = None
             start = time.monotonic()
             source = self._repository(spec.repo, ship, digest, bundle)
             if source is None:
                 return True, NEED_REPO
             hidden = tuple(spec.hidden_paths) + tuple(extra_hidden() if extra_hidden else ())
             spec = replace(spec, repo=source, hidden_paths=hidden)
-            self.sandbox = _make(inner, spec, limits, options)
+            sandbox = _make(inner, spec, limits, options)
+            with self._lock:
+                self.sandbox, self.owner = sandbox, owner
             warmup = time.monotonic() - start
             return True, self._placement(inner, spec, warmup)
         except Exception as exc:
             return False, _portable(exc)
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    def call(self, owner: str, method: str, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
         """Run one protocol method (``exec``, ``read_file``, ``write_file``, ``diff``, ``reset``,
         and the optional ``usage``)."""
         if method not in ("exec", "read_file", "write_file", "diff", "reset", "usage"):
             return False, SandboxError(f"not a sandbox method: {method!r}")
-        if self.sandbox is None:
-            return False, SandboxError("the sandbox was never opened")
         try:
+            sandbox = self._sandbox_of(owner)
             if method == "usage":
-                return True, usage_of(self.sandbox)
-            return True, getattr(self.sandbox, method)(*args, **kwargs)
+                return True, usage_of(sandbox)
+            return True, getattr(sandbox, method)(*args, **kwargs)
         except Exception as exc:
             return False, _portable(exc)
 
-    def close(self) -> tuple[bool, Any]:
+    def run(self, owner: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """``fn(sandbox, *args, **kwargs)`` here, beside the sandbox: a whole piece of work (a
+        grading) in one call instead of one call per command and file. ``fn`` is the driver's own
+        code (a function importable on this node), never the agent's."""
         try:
-            if self.sandbox is not None:
-                self.sandbox.close()
-            return True, None
+            return True, fn(self._sandbox_of(owner), *args, **kwargs)
         except Exception as exc:
             return False, _portable(exc)
+
+    def close(self, owner: str) -> tuple[bool, Any]:
+        """Close ``owner``'s sandbox (nothing when this host holds another one, or none)."""
+        with self._lock:
+            if self.owner != owner or self.sandbox is None:
+                return True, None
+            sandbox = self.sandbox
+        try:
+            sandbox.close()
+        except Exception as exc:
+            return False, _portable(exc)
+        with self._lock:  # only a clean close frees the host for another sandbox
+            self.sandbox = self.owner = None
+        return True, None
+
+    def _sandbox_of(self, owner: str) -> Any:
+        with self._lock:
+            if self.sandbox is None or self.owner != owner:
+                raise SandboxClosedError("the sandbox is closed (this host no longer holds it)")
+            return self.sandbox
 
     # -- internals ------------------------------------------------------------------------
 
@@ -138,7 +192,15 @@ class SandboxHost:
             "sandbox_root": str(getattr(self.sandbox, "root", "")) or None, "workdir": self.sandbox.workdir,
             "repository": self.repository,
             "warmup_seconds": round(warmup, 3), "first_on_node": first,
+            "channel": self.channel.address if self.channel is not None else None,
         }
+
+
+def _node_address() -> str:
+    """This node's address as Ray knows it (only ever called inside an actor)."""
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 def _make(inner: str, spec: SandboxSpec, limits: ResourceLimits | None, options: dict[str, Any]) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +24,10 @@ from gym_envs.envs.repo_env import RepoEnv
 from gym_envs.grading.verifier import Verifier
 from sandboxes import SandboxClosedError, SandboxError
 from sandboxes.ray_cluster import RaySandbox, RayUnavailableError
+from sandboxes.ray_cluster import sandbox as ray_sandbox
+from sandboxes.ray_cluster.channel import Channel
 from sandboxes.ray_cluster.host import shipped_dir
+from sandboxes.ray_cluster.pool import POOL
 from server.app import create_app
 from tasks.backends import make_sandbox, sandbox_factory, sandbox_spec
 from tasks.catalog import load_task_set
@@ -110,25 +114,87 @@ def test_sandboxes_spread_over_both_nodes_and_go_with_close(cluster, task):
     finally:
         for s in sandboxes:
             s.close()
-    for p in placements:
-        wait_until(lambda p=p: gone(p), 30, f"actor {p['pid']} and {p['sandbox_root']} removed by close")
+    for p in placements:  # the sandbox goes with close; its host stays warm for the next one
+        wait_until(lambda p=p: not Path(p["sandbox_root"]).exists(), 30, f"{p['sandbox_root']} removed by close")
     with pytest.raises(SandboxClosedError):
         sandboxes[0].exec("true")
     sandboxes[0].close()  # idempotent
+    assert POOL.release_all() == 4
+    for p in placements:
+        wait_until(lambda p=p: gone(p), 30, f"actor {p['pid']} gone once released")
 
 
-def test_gold_resolves_through_the_verifier_and_the_report_says_where(cluster, task_set):
+def test_a_warm_host_serves_the_next_sandbox_and_nothing_of_the_last(cluster, task):
+    """A host whose sandbox closed cleanly hosts the next one: no new process, a pristine
+    workspace, and the closed sandbox's late calls never reach its successor."""
+    POOL.release_all()
+    first = make_sandbox(task, "ray")
+    first.write_file("left.txt", "from the first sandbox")
+    first.exec("sleep 300.5 >/dev/null 2>&1 &")
+    late = first._host, first._owner  # what a late call of the first sandbox would still carry
+    first.close()
+    second = make_sandbox(task, "ray")
+    try:
+        assert second.placement["host_reused"] and not first.placement["host_reused"]
+        assert second.placement["pid"] == first.placement["pid"], "the same actor process"
+        assert second.placement["start_seconds"] < first.placement["start_seconds"]
+        assert second.exec("test -e left.txt").exit_code == 1 and second.diff() == ""
+        assert not processes_with("300.5"), "what the first sandbox left running died with its close"
+        host, owner = late
+        ok, error = host.channel.request("call", (owner, "exec", "touch late.txt"), {}, 30)
+        assert not ok and isinstance(error, SandboxClosedError)
+        assert second.exec("test -e late.txt").exit_code == 1
+    finally:
+        second.close()
+    cold = make_sandbox(task, "ray", keep_warm=0)  # no reuse asked: the host goes with the sandbox
+    cold.close()
+    wait_until(lambda: gone(cold.placement), 30, "a host not kept warm is killed with its sandbox")
+
+
+def test_the_direct_channel_serves_only_the_driver(cluster, task):
+    """Calls go to the host over a TCP connection of their own; nothing in a sandbox can reach its
+    port, and a connection without the token runs nothing (tests/test_ray_backend.py has the rest)."""
+    with make_sandbox(task, "ray") as s:
+        host, port = s._host.channel.address
+        assert host == s.placement["node_ip"]
+        probe = f"python3 -c 'import socket; socket.create_connection((\"{host}\", {port}), timeout=3)'"
+        assert s.exec(probe).exit_code != 0, "a sandbox has no network, not even to its host"
+        with socket.create_connection((host, port), timeout=5) as intruder:
+            intruder.sendall(b"patchgym-host/1\n" + b"\0" * 32)
+            assert intruder.recv(16) == b"", "a wrong token is dropped at once"
+        assert s.exec("true").ok
+
+
+def test_gold_resolves_through_the_verifier_in_one_call_on_the_node(cluster, task_set, monkeypatch):
+    calls = []
+    request = Channel.request
+    monkeypatch.setattr(Channel, "request", lambda self, name, args, *rest: calls.append(
+        args[1] if name == "call" else name) or request(self, name, args, *rest))
     verifier = Verifier(sandbox_factory("ray"))
     task = task_set.get("patchgym__dotenvkit-1")
     report = verifier.verify(task, task.patch)
     assert report.resolved and report.reward == 1.0, report
     assert report.placement["node_id"] in node_ids(cluster)
-    cost = report.cost  # measured on the node, read through the actor before it closed
-    assert cost.test_cpu_seconds > 0 and cost.peak_memory_bytes > 0 and cost.usd_per_1k_episodes > 0, cost
+    # the whole grading ran beside the sandbox: one call, not one per command and file
+    assert calls == ["open", "run", "usage", "close"] or calls == ["run", "usage", "close"], calls
+    cost = report.cost  # measured on the node: its harness, its tests, the sandbox's cgroups
+    assert cost.test_cpu_seconds > 0 and cost.harness_cpu_seconds > 0 and cost.peak_memory_bytes > 0, cost
+    assert "passed" in report.test_output
     assert not verifier.verify(task, "", run_empty=True).resolved
 
 
-def test_repository_shipped_through_the_object_store_and_hidden_from_commands(cluster, task):
+def test_without_a_direct_connection_every_call_goes_through_ray(cluster, task_set, monkeypatch):
+    """Where the driver cannot reach a host's port (a Ray Client driver outside the cluster's
+    network), the same calls, the whole grading included, go as Ray tasks."""
+    monkeypatch.setattr(ray_sandbox, "_connect", lambda address, token: None)
+    task = task_set.get("patchgym__semverkit-2")
+    with make_sandbox(task, "ray", keep_warm=0) as s:
+        assert s._host.channel is None and s.exec("echo hi").output == "hi\n"
+    report = Verifier(sandbox_factory("ray", keep_warm=0)).verify(task, task.patch)
+    assert report.resolved and not report.placement["host_reused"], report
+
+
+def test_repository_shipped_to_the_node_and_hidden_from_commands(cluster, task):
     s = make_sandbox(task, "ray", ship="always")
     try:
         assert s.placement["repository"] == "shipped", s.placement
@@ -182,7 +248,7 @@ def test_a_killed_actor_is_an_infrastructure_failure_and_its_guard_cleans_up(clu
     thread = threading.Thread(target=run)
     thread.start()
     wait_until(lambda: processes_with(marker), 20, "the command started")
-    ray.kill(s._actor, no_restart=True)  # no close: the actor gets no chance to clean up
+    ray.kill(s._host.actor, no_restart=True)  # no close: the actor gets no chance to clean up
     thread.join(60)
     assert isinstance(outcome.get("error"), SandboxError) and outcome["seconds"] < 30, outcome
     with pytest.raises(SandboxError, match="lost"):  # every later call fails the same way
