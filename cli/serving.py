@@ -140,7 +140,7 @@ def nemo_gym_dataset(
 ) -> None:
     """Write tasks as NeMo Gym dataset rows (prompt, tools, instance_id; never the answers), for a
     NeMo Gym agent whose resources server is `patchgym serve`."""
-    from server.nemo_gym import nemo_gym_dataset_rows  # lazily: gym_envs knows nothing of HTTP
+    from server.nemo_gym_dataset import nemo_gym_dataset_rows  # lazily: gym_envs knows nothing of HTTP
 
     task_set = load_tasks(tasks, instance_ids)
     output.parent.mkdir(parents=True, exist_ok=True)

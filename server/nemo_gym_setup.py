@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tasks.catalog import TaskSet
 
-from .nemo_gym import nemo_gym_dataset_rows
+from .nemo_gym_dataset import nemo_gym_dataset_rows
 
 SERVER_NAME = "patchgym"
 RESOURCES_KEY = "patchgym_resources_server"
