@@ -3,8 +3,11 @@ through it) can use a running ``patchgym serve`` as its resources server.
 
 NeMo Gym calls, per rollout: ``POST /seed_session`` (the dataset row), ``POST /<tool>`` for each
 function call the model makes (the body is the call's arguments; the response text goes back to
-the model), ``POST /verify`` (the row plus the model's final response; answered with the reward),
-and in newer versions ``POST /close_session``. Its state travels in cookies: the agent sends back
+the model), ``POST /verify`` (the row plus the model's final response; answered with the reward).
+NeMo Gym 0.7.0's environment servers seed a typed session (``resources_session_id``, ``episode_id``,
+``task_id``) and end it with ``POST /close_session``, which alone closes it (a retry of the episode
+comes with a new id: a fresh session); 0.4.0 sends no close, so its ``/verify`` closes the session.
+Its state travels in cookies: the agent sends back
 the cookies of the *latest* response, so every answer that belongs to a session sets the session
 cookie again, error answers included.
 
