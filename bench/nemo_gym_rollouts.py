@@ -1,17 +1,19 @@
-"""Rollouts per minute through the real NeMo Gym 0.4.0 (``ng_run`` + ``ng_collect_rollouts``)
-against ``patchgym serve --backend local``, with the scripted model of tests/nemo_gym_real.py
+"""Rollouts per minute through the real NeMo Gym (``gym env start`` + ``gym eval run --no-serve``;
+``--release 0.4.0`` or ``0.7.0``, whose environment server runs each episode) against ``patchgym
+serve --backend local``, with the scripted model of tests/nemo_gym_real.py
 (oracle rollouts: gold patch through bash, then submit; reward 1.0 each).
 
 Needs root, debootstrap, ip, chroot, unshare, bwrap; the first run builds the cached NeMo Gym root
-(~4 min, PyPI and the Debian mirror). Everything of the run is in a loopback-only network namespace.
+(0.4.0: ~4 min, 0.7.0: ~8 min; PyPI and the Debian mirror). Everything of the run is in a
+loopback-only network namespace.
 
     python bench/nemo_gym_rollouts.py --rollouts 8 --parallel 4 --max-sessions 2 --runs 3
 
-Each run is one ``ng_collect_rollouts`` of N rows, ``--parallel`` at once (more than
-``--max-sessions``: the extra rollouts wait for a free session), against one ``ng_run`` that stays up.
+Each run is one ``gym eval run`` of N rows, ``--parallel`` at once (more than ``--max-sessions``: the
+extra rollouts wait for a free session), against one ``gym env start`` that stays up.
 Prints the medians over the runs of rollouts/minute and of the wall time per rollout (the run's wall
 time over N; a rollout's own latency is not in NeMo Gym's rows), plus each run's figures. Each run's
-time includes ``ng_collect_rollouts``' own start-up: ``one_noop_collect`` in the setup line is the time
+time includes ``gym eval run``'s own start-up: ``one_noop_collect`` in the setup line is the time
 of a collection of a single no-op rollout, i.e. about that fixed cost.
 """
 
@@ -26,12 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests import nemo_gym_real as ng  # noqa: E402
+from tests.nemo_gym_root import RELEASES  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=8, help="rollouts per run (N)")
-    parser.add_argument("--parallel", type=int, default=4, help="ng_collect_rollouts' num_samples_in_parallel")
+    parser.add_argument("--release", choices=sorted(RELEASES), default="0.4.0", help="the NeMo Gym release")
+    parser.add_argument("--parallel", type=int, default=4, help="gym eval run's --concurrency")
     parser.add_argument("--max-sessions", type=int, default=2, help="patchgym serve --max-sessions")
     parser.add_argument("--runs", type=int, default=3, help="runs to take medians over (>= 3)")
     parser.add_argument("--script", default="oracle", choices=("oracle", "noop"), help="what each rollout does")
@@ -45,9 +49,10 @@ def main() -> int:
         return 2
 
     runs = []
-    with ng.Stack(max_sessions=args.max_sessions, progress=lambda m: print(m, file=sys.stderr, flush=True)) as stack:
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    with ng.Stack(release=RELEASES[args.release], max_sessions=args.max_sessions, progress=say) as stack:
         setup = dict(stack.seconds)
-        # the fixed cost of one ng_collect_rollouts (its start-up, the /aggregate_metrics call): one no-op rollout
+        # the fixed cost of one gym eval run (its start-up, the /aggregate_metrics call): one no-op rollout
         probe = stack.collect(["noop"], parallel=1)
         setup["one_noop_collect"] = probe.seconds
         for i in range(args.runs):
@@ -73,7 +78,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"NeMo Gym {ng.NEMO_GYM_VERSION} -> patchgym serve (local backend): {args.rollouts} rollouts/run, "
+        print(f"NeMo Gym {stack.release.version} -> patchgym serve (local backend): {args.rollouts} rollouts/run, "
               f"{args.parallel} in parallel, --max-sessions {args.max_sessions}, {len(done)}/{len(runs)} complete runs")
         print(f"setup: {result['setup_seconds']}")
         print(f"median rollouts/minute:      {result['median_rollouts_per_minute']}")

@@ -26,7 +26,7 @@ from sandboxes import SandboxError, reap_stale
 from tasks.backends import sandbox_factory
 from tasks.catalog import TaskSet
 
-from .sessions import OperationTimeout, Session, SessionManager
+from .sessions import CLOSED_BY_CLIENT, CLOSED_BY_FAILURE, CLOSED_GRADED, OperationTimeout, Session, SessionManager
 
 log = logging.getLogger(__name__)
 SUBMIT = {"name": "submit", "arguments": {}}
@@ -52,6 +52,9 @@ class Metrics:
                                       "How long queued session opens waited for a slot.",
                                       buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r)
         manager.waited_seconds = self.session_wait.observe
+        self.sessions_closed = Counter("patchgym_sessions_closed_total", "Sessions closed, by why (server.sessions: "
+                                       "client, graded, idle, failure, shutdown).", ["protocol", "reason"], registry=r)
+        manager.closed_by = lambda session, reason: self.sessions_closed.labels(session.protocol, reason).inc()
         self.sessions_created = Counter("patchgym_sessions_created_total", "Sessions created.", ["protocol"],
                                         registry=r)
         self.steps = Counter("patchgym_steps_total", "Environment steps taken.", ["protocol"], registry=r)
@@ -196,7 +199,7 @@ class EnvService:
             return obs, info
 
         session, (obs, info) = await self.manager.create(owner, start, session_id=session_id, wait=wait,
-                                                         idle_ttl=idle_ttl)
+                                                         idle_ttl=idle_ttl, protocol=protocol)
         self.metrics.sessions_created.labels(protocol).inc()
         return session, obs, info
 
@@ -235,14 +238,14 @@ class EnvService:
 
         return await self._operate(session, run)
 
-    async def close(self, session: Session) -> None:
-        await self.manager.close(session)
+    async def close(self, session: Session, reason: str = CLOSED_BY_CLIENT) -> None:
+        await self.manager.close(session, reason)
 
     async def _operate(self, session: Session, fn: Any) -> Any:
         try:
             return await self.manager.operate(session, fn)
         except SandboxError:
-            await self.manager.close(session)  # its sandbox is in an unknown state
+            await self.manager.close(session, CLOSED_BY_FAILURE)  # its sandbox is in an unknown state
             raise
 
     async def reap_leftovers(self) -> dict[str, int]:
@@ -282,7 +285,7 @@ class EnvService:
             session.env = RepoEnv(self.task_set, backend=self.backend, **options)
             session.instance_id = task_id
 
-        session, _ = await self.manager.create(owner, start)
+        session, _ = await self.manager.create(owner, start, protocol=protocol)
         self.metrics.sessions_created.labels(protocol).inc()
         chat = ChatModel(model)
         # No model turn starts in the last fifth of the deadline: that is left for grading, so the
@@ -295,7 +298,7 @@ class EnvService:
             return episode
         finally:
             chat.close()
-            await self.manager.close(session)
+            await self.manager.close(session, CLOSED_GRADED)
 
     # -- stateless ------------------------------------------------------------------------
 

@@ -3,8 +3,11 @@ through it) can use a running ``patchgym serve`` as its resources server.
 
 NeMo Gym calls, per rollout: ``POST /seed_session`` (the dataset row), ``POST /<tool>`` for each
 function call the model makes (the body is the call's arguments; the response text goes back to
-the model), ``POST /verify`` (the row plus the model's final response; answered with the reward),
-and in newer versions ``POST /close_session``. Its state travels in cookies: the agent sends back
+the model), ``POST /verify`` (the row plus the model's final response; answered with the reward).
+NeMo Gym 0.7.0's environment servers seed a typed session (``resources_session_id``, ``episode_id``,
+``task_id``) and end it with ``POST /close_session``, which alone closes it (a retry of the episode
+comes with a new id: a fresh session); 0.4.0 sends no close, so its ``/verify`` closes the session.
+Its state travels in cookies: the agent sends back
 the cookies of the *latest* response, so every answer that belongs to a session sets the session
 cookie again, error answers included.
 
@@ -14,10 +17,8 @@ The routes sit at the root, next to the native ``/v1`` API and OpenEnv's routes,
 
 import json
 import secrets
-import statistics
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -25,17 +26,26 @@ import anyio
 from fastapi import APIRouter, Body, Cookie, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
 
-from gym_envs.envs.common import task_briefing
-from gym_envs.envs.repo_env import RepoEnv
-from gym_envs.grading.verifier import InstanceReport
 from sandboxes import SandboxError
-from tasks.catalog import TaskSet
 
 from .core import SUBMIT, EnvService, EpisodeOver
 from .models import ErrorBody
-from .sessions import OperationTimeout, Session, SessionBusy, SessionNotFound
+from .nemo_gym_bodies import (
+    NemoGymAggregateMetrics,
+    NemoGymAggregateMetricsRequest,
+    NemoGymCloseSessionRequest,
+    NemoGymCloseSessionResponse,
+    NemoGymSeedSessionRequest,
+    NemoGymSeedSessionResponse,
+    NemoGymTaskIdRef,
+    NemoGymToolResponse,
+    NemoGymVerifyRequest,
+    NemoGymVerifyResponse,
+)
+from .nemo_gym_metrics import aggregate
+from .nemo_gym_outcome import OPERATION_TIMEOUT, SESSION_EXPIRED, Outcome
+from .sessions import CLOSED_GRADED, OperationTimeout, Session, SessionBusy, SessionNotFound
 
 COOKIE = "patchgym_session"
 PROTOCOL = "nemo_gym"
@@ -44,17 +54,8 @@ RESERVED_PATHS = frozenset({
     "seed_session", "verify", "close_session", "aggregate_metrics", "v1", "healthz", "metrics", "docs", "redoc",
     "openapi.json", "reset", "step", "state", "schema", "health", "ws",
 })
-# NeMo Gym's shared failure vocabulary (nemo_gym/failure_kinds.py), plus one of ours namespaced as it asks.
-PROVIDER_UNAVAILABLE = "provider_unavailable"
-OPERATION_TIMEOUT = "patchgym:operation_timeout"
-SESSION_EXPIRED = "patchgym:session_expired"
 # How many closed resources-session ids and failed sessions are remembered (an LRU bound on memory).
 REMEMBERED = 65_536
-SYSTEM_PROMPT = (
-    "You are fixing a bug in a software repository. Use the tools to explore the code, edit it and run "
-    "its tests; call submit when the fix is done. Hidden tests will grade the fix."
-)
-WORKDIR_NOTE = "the tools' working directory (bash starts there)"
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or wrong token."},
     404: {"model": ErrorBody, "description": "Unknown session (or another token's) or unknown task."},
@@ -64,127 +65,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-# -- bodies -------------------------------------------------------------------------------------
-
-
-class NemoGymTaskIdRef(BaseModel):
-    """NeMo Gym's ``TaskId`` in a typed seed: which task set, and the task in it."""
-
-    model_config = ConfigDict(extra="allow")
-    taskset: str | None = None
-    task_id: str | None = None
-
-
-class NemoGymSeedSessionRequest(BaseModel):
-    """A dataset row (``responses_create_params`` plus its own fields), or NeMo Gym's typed
-    ``ResourcesSeedSessionRequest`` (``resources_session_id``, ``episode_id``, ``task_id``, ``task_data``)."""
-
-    model_config = ConfigDict(extra="allow")
-    responses_create_params: dict[str, Any] | None = None
-    instance_id: str | None = Field(None, description="The task to open; else `task_id`, else a draw.")
-    task_id: str | NemoGymTaskIdRef | None = Field(None, description="A task id, or NeMo Gym's TaskId object.")
-    seed: int | None = Field(None, ge=0, strict=True, description="Seed of the task draw when no task is named.")
-    resources_session_id: str | None = Field(
-        None, min_length=1, description="Caller-assigned id: seeding it again returns the same session.")
-    episode_id: Any = None
-    task_data: dict[str, Any] | None = Field(None, description="The row, in a typed seed.")
-
-
-class NemoGymSeedSessionResponse(BaseModel):
-    resources_session_id: str | None = None
-    instance_id: str | None = Field(None, description="The task opened (untyped seeds only).")
-
-
-class NemoGymToolResponse(BaseModel):
-    """What the model reads back: the observation, and whether the episode is over."""
-
-    output: str
-    reward: float = Field(description="Non-zero only on the step that ended the episode.")
-    done: bool
-
-
-class NemoGymVerifyRequest(BaseModel):
-    """NeMo Gym's verify body (the row, ``responses_create_params`` and the model's ``response``), or
-    ``instance_id`` + ``patch`` without a session cookie for a stateless grade."""
-
-    model_config = ConfigDict(extra="allow")
-    responses_create_params: dict[str, Any] | None = None
-    response: dict[str, Any] | None = None
-    instance_id: str | None = None
-    patch: str | None = Field(None, description="Graded only without a session cookie.")
-
-
-class NemoGymVerifyResponse(NemoGymVerifyRequest):
-    """The request echoed, plus the grade."""
-
-    reward: float
-    resolved: bool
-    mask_sample: bool = Field(description="The infrastructure failed, not the policy: leave the sample out.")
-    failure_kind: str | None = None
-    failure_reason: str | None = None
-    report: dict[str, Any] | None = Field(None, description="The SWE-bench-style instance report.")
-
-
-class NemoGymCloseSessionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    resources_session_id: str | None = None
-    episode_id: Any = None
-
-
-class NemoGymCloseSessionResponse(BaseModel):
-    resources_session_id: str | None = None
-
-
-class NemoGymAggregateMetricsRequest(BaseModel):
-    verify_responses: list[dict[str, Any]]
-
-
-class NemoGymAggregateMetrics(BaseModel):
-    group_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
-    agent_metrics: dict[str, Any] = Field(default_factory=dict)
-    key_metrics: dict[str, Any] = Field(default_factory=dict)
-
-
 # -- state --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an episode ended, kept until /verify asks (a submit tool call grades once, not twice)."""
-
-    reward: float
-    resolved: bool = False
-    mask_sample: bool = False
-    failure_kind: str | None = None
-    failure_reason: str | None = None
-    report: dict[str, Any] | None = None
-
-    @classmethod
-    def from_info(cls, reward: float, info: dict[str, Any]) -> "Outcome":
-        """From a terminal step's info: an infrastructure failure is masked (reward 0), never scored."""
-        if info.get("infrastructure_failure"):
-            return cls.infrastructure(PROVIDER_UNAVAILABLE, info.get("infrastructure_failure_reason"),
-                                      info.get("report"))
-        return cls(reward=float(reward), resolved=bool(info.get("resolved")), report=info.get("report"))
-
-    @classmethod
-    def from_report(cls, report: InstanceReport) -> "Outcome":
-        if report.infrastructure_failure:
-            return cls.infrastructure(PROVIDER_UNAVAILABLE, report.infrastructure_failure_reason,
-                                      report.swebench_dict())
-        return cls(reward=report.reward, resolved=report.resolved, report=report.swebench_dict())
-
-    @classmethod
-    def infrastructure(cls, kind: str, reason: str | None, report: dict[str, Any] | None = None) -> "Outcome":
-        return cls(reward=0.0, mask_sample=True, failure_kind=kind, failure_reason=reason, report=report)
-
-    @classmethod
-    def from_error(cls, exc: Exception) -> tuple["Outcome", int, str]:
-        """A session closed by a sandbox failure or a deadline: its masked outcome, and the status and
-        error kind the rest of the API answers such a failure with."""
-        if isinstance(exc, OperationTimeout):
-            return cls.infrastructure(OPERATION_TIMEOUT, str(exc)), 504, "timeout"
-        return cls.infrastructure(PROVIDER_UNAVAILABLE, f"{type(exc).__name__}: {exc}"), 503, "infrastructure"
 
 
 class _Recent(OrderedDict[K, V], Generic[K, V]):
@@ -217,6 +98,8 @@ class _State:
     failed: _Recent[str, tuple[str | None, Outcome]] = field(default_factory=_Recent)
     seeded: _Recent[tuple[str | None, str], _Seeded] = field(default_factory=_Recent)
     closed: _Recent[tuple[str | None, str], bool] = field(default_factory=_Recent)
+    # Sessions of a typed seed: their caller closes them (/close_session), so /verify leaves them open.
+    typed: weakref.WeakSet[Session] = field(default_factory=weakref.WeakSet)
 
 
 # -- the router ---------------------------------------------------------------------------------
@@ -316,6 +199,7 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
             entry.ready.set()
             raise
         entry.session_id = session.id
+        state.typed.add(session)
         entry.ready.set()
         if key in state.closed:  # closed while it was starting
             await service.close(session)
@@ -354,7 +238,7 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
             return error(status, kind, f"{outcome.failure_reason}; the episode is over", sid)
         done = terminated or truncated
         if done:
-            state.outcomes[session] = Outcome.from_info(reward, info)
+            state.outcomes[session] = Outcome.graded(reward, info.get("report"))
         return _tool_answer(NemoGymToolResponse(output=obs, reward=reward, done=done), sid)
 
     def tool_route(name: str) -> Any:
@@ -384,12 +268,14 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
     @router.post("/verify", response_model=NemoGymVerifyResponse,
                  responses={**ERRORS, 400: {"model": ErrorBody, "description": "No session and no patch."},
                             409: {"model": ErrorBody, "description": "Busy, or the cookie names another task."}})
-    async def verify(request: Request, body: NemoGymVerifyRequest, who: Owner,
+    async def verify(request: Request, response: Response, body: NemoGymVerifyRequest, who: Owner,
                      session_id: SessionCookie = None) -> Any:
-        """Grade the session's workspace (submitting it unless a submit already ended the episode),
-        close the session, and answer the request with ``reward``, ``mask_sample`` (true when the
-        infrastructure failed, not the policy) and the report. Without a cookie: grade ``patch`` for
-        ``instance_id`` in a fresh sandbox.
+        """Grade the session's workspace (submitting it unless a submit already ended the episode)
+        and answer the request with ``reward``, ``mask_sample`` (true when the infrastructure failed,
+        not the policy), ``failure_kind``, ``failure_reason`` and the report. The session is closed,
+        unless a typed seed opened it: its caller closes it (``/close_session``), and until then a
+        repeated verify (a lost reply retried) answers the same grade. Without a cookie: grade
+        ``patch`` for ``instance_id`` in a fresh sandbox.
 
         NeMo Gym's agent posts a model's call of a tool named ``verify`` here too, with the
         session's cookie: that body has no ``response`` (NeMo Gym's own verify always has one), and
@@ -403,24 +289,26 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
                                          "and no instance_id and patch to grade statelessly")
             instance_id = body.instance_id
             try:
-                outcome = Outcome.from_report(await service.verify(body.instance_id, body.patch))
+                report = await service.verify(body.instance_id, body.patch)
+                outcome = Outcome.graded(report.reward, report.swebench_dict())
             except OperationTimeout as exc:
                 service.metrics.errors.labels("timeout").inc()
                 outcome = Outcome.infrastructure(OPERATION_TIMEOUT, str(exc))
         else:
             outcome = ended_outcome(session_id, who)
             if outcome is not None:
-                state.failed.pop(session_id, None)
                 instance_id = body.instance_id
             else:
-                instance_id, outcome = await grade_session(service.manager.get(session_id, who), body)
-        fields = {"instance_id": instance_id, "reward": outcome.reward, "resolved": outcome.resolved,
-                  "mask_sample": outcome.mask_sample, "failure_kind": outcome.failure_kind,
-                  "failure_reason": outcome.failure_reason, "report": outcome.report}
+                session = service.manager.get(session_id, who)
+                instance_id, outcome = await grade_session(session, body)
+                if session in state.typed:  # still open for its caller's /close_session
+                    _set_cookie(response, session_id)
+        fields = {"instance_id": instance_id, **outcome.verify_fields()}
         return NemoGymVerifyResponse.model_validate({**body.model_dump(), **fields})
 
     async def grade_session(session: Session, body: NemoGymVerifyRequest) -> tuple[str | None, Outcome]:
-        """The session's outcome (a submit now if the episode is still running); the session is closed."""
+        """The session's outcome (a submit now if the episode is still running); the session is
+        closed unless a typed seed opened it."""
         if body.instance_id is not None and session.instance_id not in (None, body.instance_id):
             raise HTTPException(409, f"the session cookie is for task {session.instance_id!r}, the request for "
                                      f"{body.instance_id!r}: cookies of two rollouts were mixed up")
@@ -439,8 +327,9 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
                 service.metrics.errors.labels(kind).inc()
                 return session.instance_id, outcome
             else:
-                outcome = state.outcomes[session] = Outcome.from_info(reward, info)
-        await service.close(session)
+                outcome = state.outcomes[session] = Outcome.graded(reward, info.get("report"))
+        if session not in state.typed:  # nothing else will close it; a typed seed's caller will
+            await service.close(session, CLOSED_GRADED)
         return session.instance_id, outcome
 
     # -- close ----------------------------------------------------------------------------
@@ -474,7 +363,7 @@ def nemo_gym_router(service: EnvService) -> APIRouter:
     @router.post("/aggregate_metrics", response_model=NemoGymAggregateMetrics, responses={401: ERRORS[401]})
     async def aggregate_metrics(body: NemoGymAggregateMetricsRequest, who: Owner) -> NemoGymAggregateMetrics:
         """Reward and resolve rate over the verify responses NeMo Gym collected, masked samples left out."""
-        return _aggregate(body.verify_responses)
+        return aggregate(body.verify_responses)
 
     # -- a tool the environment does not have (last: every other route matches first) ------
 
@@ -561,91 +450,3 @@ def _task_choice(body: NemoGymSeedSessionRequest) -> tuple[str | None, int | Non
 def _canonical(value: Any) -> str:
     """One spelling of an episode id, so a repeated typed seed compares equal to the first."""
     return json.dumps(value, sort_keys=True, default=str)
-
-
-TASK_INDEX = "_ng_task_index"  # NeMo Gym's keys of a row's task and of its rollout of it
-ROLLOUT_INDEX = "_ng_rollout_index"
-# NeMo Gym's profiler's statistics, in its order (std: the sample's, 0 for a single value).
-STATS = {"mean": statistics.fmean, "max": max, "min": min, "median": statistics.median,
-         "std": lambda values: statistics.stdev(values) if len(values) > 1 else 0.0}
-
-
-def _numeric_fields(response: dict[str, Any]) -> dict[str, float]:
-    """The numbers NeMo Gym's reward profiler describes: every top-level number or bool of a verify
-    response (bools as 0/1) and of its ``response.usage``, but the row indices."""
-    usage = (response.get("response") or {}).get("usage") or {}
-    fields: dict[str, float] = {}
-    for source in (usage, response):
-        for key, value in source.items():
-            if key in (TASK_INDEX, ROLLOUT_INDEX) or not isinstance(value, int | float):
-                continue
-            fields[key] = float(value)
-    return fields
-
-
-def _describe(rows: list[dict[str, float]]) -> dict[str, float]:
-    """``{stat}/{field}`` for each stat of :data:`STATS` and each field, as NeMo Gym's profiler writes them."""
-    names = list(dict.fromkeys(k for r in rows for k in r))
-    return {f"{stat}/{name}": fn([r[name] for r in rows if name in r]) for stat, fn in STATS.items() for name in names}
-
-
-def _aggregate(responses: list[dict[str, Any]]) -> NemoGymAggregateMetrics:
-    """NeMo Gym's aggregate shape (``nemo_gym.reward_profile.compute_aggregate_metrics``): one
-    ``group_level_metrics`` entry per ``_ng_task_index`` with ``{stat}/{field}`` over its rollouts
-    and their ``rollout_infos``; ``agent_metrics`` with the same over every rollout; ``key_metrics``
-    the ``mean/*`` ones. Masked samples (the infrastructure failed) are left out of every statistic,
-    as training leaves them out, and counted in ``num_masked``."""
-    if not responses:
-        return NemoGymAggregateMetrics()
-    by_task: dict[Any, list[dict[str, Any]]] = {}
-    for r in responses:
-        by_task.setdefault(r.get(TASK_INDEX, 0), []).append(r)
-    groups, every = [], []
-    for task_index in sorted(by_task, key=lambda k: (str(type(k)), k)):
-        rows = by_task[task_index]
-        scored = [(r, _numeric_fields(r)) for r in rows if not r.get("mask_sample")]
-        every += [fields for _, fields in scored]
-        infos = [{"rollout_id": f"{task_index}:{r.get(ROLLOUT_INDEX, 0)}", TASK_INDEX: task_index,
-                  ROLLOUT_INDEX: r.get(ROLLOUT_INDEX, 0), **fields} for r, fields in scored]
-        groups.append({TASK_INDEX: task_index, **_describe([f for _, f in scored]),
-                       "instance_id": rows[0].get("instance_id"), "num_rollouts": len(scored),
-                       "expected_num_rollouts": len(rows), "missing_num_rollouts": len(rows) - len(scored),
-                       "num_masked": len(rows) - len(scored),
-                       "rollout_infos": sorted(infos, key=lambda i: str(i[ROLLOUT_INDEX]))})
-    agent = {**_describe(every),
-             "num_samples": len(responses), "num_masked": len(responses) - len(every)}
-    return NemoGymAggregateMetrics(group_level_metrics=groups, agent_metrics=agent,
-                                   key_metrics={k: v for k, v in agent.items() if k.startswith("mean/")})
-
-
-# -- dataset ------------------------------------------------------------------------------------
-
-
-def responses_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat Completions tool schemas in the Responses API's flat form, which NeMo Gym rows use."""
-    flat = []
-    for tool in tools:
-        spec = tool.get("function", tool)
-        flat.append({"type": "function", "name": spec["name"], "description": spec.get("description", ""),
-                     "parameters": spec.get("parameters", {"type": "object", "properties": {}}), "strict": False})
-    return flat
-
-
-def nemo_gym_dataset_rows(task_set: TaskSet, *, agent_name: str | None = None) -> Iterator[dict[str, Any]]:
-    """One NeMo Gym dataset row per task: the prompt RepoEnv's first observation gives (minus the
-    sandbox path, unknown before a sandbox exists), the tools, and ``instance_id``, which
-    /seed_session opens. Never the gold patch or the tests: a row is what the model sees.
-    ``agent_name`` adds the ``agent_ref`` NeMo Gym's rollout collection routes rows by."""
-    tools = responses_tools(RepoEnv(task_set).tools)
-    for task in task_set:
-        row: dict[str, Any] = {
-            "responses_create_params": {
-                "input": [{"role": "system", "content": SYSTEM_PROMPT},
-                          {"role": "user", "content": task_briefing(task, WORKDIR_NOTE)}],
-                "tools": tools,
-            },
-            "instance_id": task.instance_id,
-        }
-        if agent_name:
-            row["agent_ref"] = {"type": "responses_api_agents", "name": agent_name}
-        yield row

@@ -1,11 +1,12 @@
 """NeMo Gym's entry point for patchgym: ``patchgym nemo-gym init`` copies this file, as it is, to
-``resources_servers/patchgym/app.py``, which ``ng_run`` starts in the server's own venv.
+``resources_servers/patchgym/app.py``, which NeMo Gym's launcher (``gym env start``; ``ng_run`` in
+0.4.0) starts in the server's own venv.
 
 It imports nothing of patchgym (that venv holds NeMo Gym, not patchgym): it reads the server's
 entry of NeMo Gym's config and either replaces itself with ``patchgym serve`` on the host and
 port NeMo Gym assigned (``patchgym_command``, written by ``init``: the interpreter patchgym is
 installed in), or, with ``external: true``, starts nothing and stays up while the patchgym that
-already runs at ``host``/``port`` answers, so ``ng_run`` can manage a server it does not own.
+already runs at ``host``/``port`` answers, so NeMo Gym can manage a server it does not own.
 """
 
 import json
@@ -15,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 
-CONFIG_DICT = "NEMO_GYM_CONFIG_DICT"  # what ng_run puts in a server's environment
+CONFIG_DICT = "NEMO_GYM_CONFIG_DICT"  # what NeMo Gym's launcher puts in a server's environment
 CONFIG_PATH = "NEMO_GYM_CONFIG_PATH"
 GONE_AFTER = 60.0  # default seconds an external server may not answer before this entry point gives up
 
@@ -24,7 +25,7 @@ def server_entry() -> dict:
     """This server's entry (``<top level>.resources_servers.<name>``) of NeMo Gym's merged config."""
     text, top = os.environ.get(CONFIG_DICT), os.environ.get(CONFIG_PATH)
     if not text or not top:
-        sys.exit(f"patchgym: {CONFIG_DICT} and {CONFIG_PATH} are not set: start this with ng_run")
+        sys.exit(f"patchgym: {CONFIG_DICT} and {CONFIG_PATH} are not set: start this with NeMo Gym's launcher")
     try:
         import yaml  # NeMo Gym's venv has it (omegaconf needs it)
     except ImportError:

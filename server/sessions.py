@@ -46,12 +46,23 @@ class OperationTimeout(RuntimeError):
 
 # How many sessions closed for idling are remembered (so a late call on one can say so).
 REMEMBERED_EXPIRED = 65_536
+# Why a session was closed (the ``reason`` of ``patchgym_sessions_closed_total``): a client asked
+# (``/close_session``, ``DELETE``, OpenEnv's close); the episode was graded and nobody will close it
+# (NeMo Gym's ``/verify`` of a rollout seeded without ``resources_session_id``, a whole
+# ``/v1/rollouts``); it idled past its TTL; its sandbox or deadline failed; the server stopped.
+CLOSED_BY_CLIENT = "client"
+CLOSED_GRADED = "graded"
+CLOSED_IDLE = "idle"
+CLOSED_BY_FAILURE = "failure"
+CLOSED_AT_SHUTDOWN = "shutdown"
 
 
 class Session:
-    def __init__(self, owner: str | None, session_id: str | None = None, idle_ttl: float | None = None) -> None:
+    def __init__(self, owner: str | None, session_id: str | None = None, idle_ttl: float | None = None,
+                 protocol: str = "native") -> None:
         self.id = session_id or uuid.uuid4().hex
         self.owner = owner
+        self.protocol = protocol  # which API opened it (a metrics label)
         self.idle_ttl = idle_ttl  # None: the manager's
         self.env: RepoEnv | None = None
         self.instance_id: str | None = None
@@ -129,6 +140,7 @@ class SessionManager:
         self._freed: anyio.Event | None = None  # set (and replaced) whenever a slot may have freed
         self._expired: OrderedDict[str, str | None] = OrderedDict()
         self.waited_seconds: Callable[[float], None] = lambda seconds: None  # observer of queued creates
+        self.closed_by: Callable[[Session, str], None] = lambda session, reason: None  # once per registered session
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -186,7 +198,7 @@ class SessionManager:
         self._pending += 1
 
     async def create(self, owner: str | None, start: Callable[[Session], T], session_id: str | None = None, *,
-                     wait: float = 0.0, idle_ttl: float | None = None) -> tuple[Session, T]:
+                     wait: float = 0.0, idle_ttl: float | None = None, protocol: str = "native") -> tuple[Session, T]:
         """Reserve a slot (waiting up to ``wait`` seconds for one), run ``start(session)`` (which
         sets ``session.env``) in a thread, and register the session once it succeeded. Raises
         :class:`CapacityError` when no slot is free in time. ``session_id``: the id to use
@@ -194,7 +206,7 @@ class SessionManager:
         if session_id is not None and (session_id in self._sessions or session_id in self._starting):
             raise SessionBusy(session_id)
         await self._reserve(wait)
-        session = Session(owner, session_id, idle_ttl)
+        session = Session(owner, session_id, idle_ttl, protocol)
         self._starting.add(session.id)
         try:
             if not session.try_begin():  # cannot happen: nobody else knows this session yet
@@ -202,7 +214,7 @@ class SessionManager:
             try:
                 result = await self.run(session, lambda: start(session))
             except BaseException:
-                self._discard_now(session)
+                self._discard_now(session, CLOSED_BY_FAILURE)
                 raise
             self._sessions[session.id] = session
             return session, result
@@ -254,7 +266,7 @@ class SessionManager:
             finished = True
             return result
         except TimeoutError:
-            self._discard_now(session)
+            self._discard_now(session, CLOSED_BY_FAILURE)
             raise OperationTimeout(
                 f"the operation ran past its {self.operation_timeout:g}s deadline; the session was closed"
             ) from None
@@ -269,19 +281,23 @@ class SessionManager:
                 if never_ran and session.end():
                     _close_in_background(session)
 
-    async def close(self, session: Session) -> None:
-        """Forget the session and close its environment (now if idle, else after its operation)."""
-        if self._sessions.pop(session.id, None) is not None:
-            self._slot_freed()
+    async def close(self, session: Session, reason: str = CLOSED_BY_CLIENT) -> None:
+        """Forget the session and close its environment (now if idle, else after its operation);
+        ``reason`` says why, for the metrics (counted once, by whoever forgets it first)."""
+        self._forget(session, reason)
         if session.request_close():
             await self._close_env(session)
 
-    def _discard_now(self, session: Session) -> None:
+    def _discard_now(self, session: Session, reason: str) -> None:
         """Like :meth:`close`, for places that cannot await: the close runs in a background thread."""
-        if self._sessions.pop(session.id, None) is not None:
-            self._slot_freed()
+        self._forget(session, reason)
         if session.request_close():
             _close_in_background(session)
+
+    def _forget(self, session: Session, reason: str) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            self._slot_freed()
+            self.closed_by(session, reason)
 
     async def _close_env(self, session: Session) -> None:
         try:
@@ -300,13 +316,13 @@ class SessionManager:
             self._expired[session.id] = session.owner
             while len(self._expired) > REMEMBERED_EXPIRED:
                 self._expired.popitem(last=False)
-            await self.close(session)
+            await self.close(session, CLOSED_IDLE)
         return [s.id for s in stale]
 
     async def close_all(self) -> None:
         sessions = list(self._sessions.values())
         for session in sessions:
-            await self.close(session)
+            await self.close(session, CLOSED_AT_SHUTDOWN)
 
     def stats(self) -> dict[str, Any]:
         return {"sessions": len(self._sessions), "pending": self._pending, "waiting": len(self._waiters),

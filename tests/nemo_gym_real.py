@@ -1,22 +1,20 @@
-"""Run the real NeMo Gym (``ng_run`` + ``ng_collect_rollouts``) against ``patchgym serve``.
+"""Run the real NeMo Gym (its launcher, ``gym env start``, and ``gym eval run --no-serve``) against
+``patchgym serve``, for each release in :mod:`tests.nemo_gym_root` (which builds the Debian roots
+they run in: 0.4.0 on trixie's Python 3.13.5, 0.7.0 on forky's python3.13).
 
-NeMo Gym 0.4.0 needs Python >= 3.12; the host has 3.11. So NeMo Gym runs in a Debian trixie root
-filesystem (Python 3.13) made with ``debootstrap --variant=minbase`` the way the image tooling makes
-its base (:mod:`sandboxes.docker.images`: same mirror, same host CA bundle and pip configuration),
-with ``nemo-gym`` in a venv at ``/opt/nemo`` and the uv venvs that ``ng_run`` wants for each server
-directory (``simple_agent``, ``openai_model`` and the patchgym resources server) pre-built at
-``/opt/ng-venvs`` with NeMo Gym's own :func:`nemo_gym.cli.setup_command.setup_env_command`. At run
-time ``ng_run`` gets ``+uv_venv_dir=/opt/ng-venvs +skip_venv_if_present=true``, so it installs
-nothing and needs no network. The root is cached under ``cache_dir("nemo-gym")`` keyed by what went
-into it, built once under a file lock.
+The commands are the ones ``patchgym nemo-gym init`` prints and docs/nemo_gym.md gives, the same
+for both releases (0.4.0 prints that its older ``ng_run`` is deprecated in their favour); a run adds
+``+uv_venv_dir=/opt/ng-venvs +skip_venv_if_present=true`` so the launcher uses the pre-built venvs
+and installs nothing. 0.7.0 puts its environment server (``single_agent_turn_legacy``, from the
+config init writes) in front of ``simple_agent``: typed seed, the agent's turn, verify, close.
 
-Everything of a run lives in a network namespace that has only ``lo`` (Ray listens on every
-interface): ``patchgym serve`` and the scripted model server (host Python), ``ng_run`` and all it
-starts, and ``ng_collect_rollouts`` (in the root, through ``chroot``). Each chrooted command runs in
-its own private mount namespace (``unshare --mount``) where ``/proc``, ``/dev``, ``/sys`` and a
-per-run host directory on ``/tmp`` are mounted, so nothing stays mounted when it exits, whatever
-happens. At the end every process in the namespace is killed (Ray daemons included), the namespace
-is deleted and the run directory removed.
+Everything of a run lives in a network namespace that has only ``lo`` (Ray and NeMo Gym's servers
+listen on every interface): ``patchgym serve`` and the scripted model server (host Python), the
+launcher and all it starts, and each collection (in the root, through ``chroot``). Each chrooted
+command runs in its own private mount namespace (``unshare --mount``) where ``/proc``, ``/dev``,
+``/sys`` and a per-run host directory on ``/tmp`` are mounted, so nothing stays mounted when it
+exits, whatever happens. At the end every process in the namespace is killed (Ray daemons
+included), the namespace is deleted and the run directory removed.
 
 The model is a scripted OpenAI Responses endpoint (``POST /v1/responses``, what NeMo Gym's
 ``openai_model`` calls): each rollout's user message carries a marker ``[pg-script:NAME]`` and the
@@ -37,7 +35,6 @@ written here when the tree lacks that command). Environment:
 
 Command line (used by the tests and ``bench/nemo_gym_rollouts.py``)::
 
-    python -m tests.nemo_gym_real build            # build (or find) the cached root, print its path
     python -m tests.nemo_gym_real model --port P --scripts FILE --ready FILE   # the scripted model
 """
 
@@ -46,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -61,232 +57,40 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.nemo_gym_root import (
+    _IMPORT_HOME,
+    NEMO_GYM_04,
+    NEMO_VENV,
+    RESOURCES_DIR,
+    RESOURCES_REQUIREMENTS,
+    RUN_TMP,
+    SERVER_VENVS,
+    Release,
+    chroot_argv,
+    ensure_root,
+    missing_requirements,
+)
 from tests.netns import Netns
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-NEMO_GYM_VERSION = "0.4.0"
-UV_VERSION = "0.13.9"
-RELEASE = "trixie"  # Python 3.13
-ROOT_LAYOUT = 1  # bump when the build steps change
-NEMO_VENV = "/opt/nemo"
-SERVER_VENVS = "/opt/ng-venvs"  # ng_run's uv_venv_dir: <type>/<name>/.venv below it
-RUN_TMP = "/tmp"  # a per-run host directory is mounted here in every chrooted command
-WORK = f"{RUN_TMP}/work"  # ng_run's working directory (holds resources_servers/patchgym)
-SERVER_DIRS = ("responses_api_agents/simple_agent", "responses_api_models/openai_model")
-RESOURCES_DIR = "resources_servers/patchgym"
+WORK = f"{RUN_TMP}/work"  # where the launcher and collections run (holds resources_servers/patchgym)
 AGENT_NAME = "patchgym_agent"
 RESOURCES_NAME = "patchgym_resources_server"
 MODEL_NAME = "policy_model"
 MARKER = "[pg-script:{}]"
 DEFAULT_TASKS = REPO_ROOT / "tasks" / "instances" / "dotenvkit.jsonl"
 DEFAULT_INSTANCE = "patchgym__dotenvkit-1"
-# The requirements.txt of the resources server: its app.py needs only the standard library (NeMo Gym
-# itself is always installed into a server venv). Part of the root's key: its venv is pre-built.
-RESOURCES_REQUIREMENTS = "# patchgym's app.py needs only the standard library\n"
-# The fixed ports inside the namespace (a fresh namespace: all free; outside ng_run's 10001-20000)
+# The fixed ports inside the namespace (a fresh namespace: all free; outside the launcher's 10001-20000)
 PATCHGYM_PORT = 21000
 MODEL_PORT = 21001
+__all__ = ["missing_requirements"]  # re-exported for the tests' skip conditions
 
 Progress = Callable[[str], None] | None
-
-# Captured at import, before tests/conftest.py points PATCHGYM_HOME at a per-session temp dir: the
-# root (~3 GB, minutes to build) must outlive a test session.
-_IMPORT_HOME = os.environ.get("PATCHGYM_HOME")
 
 
 def _say(progress: Progress, message: str) -> None:
     if progress is not None:
         progress(message)
-
-
-def cache_root() -> Path:
-    """Where built roots are kept: ``$PATCHGYM_NEMO_GYM_CACHE``, else ``cache_dir("nemo-gym")`` of the
-    ``PATCHGYM_HOME`` this process started with."""
-    explicit = os.environ.get("PATCHGYM_NEMO_GYM_CACHE")
-    if explicit:
-        path = Path(explicit)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    from sandboxes import paths
-
-    saved = os.environ.get("PATCHGYM_HOME")
-    try:
-        if _IMPORT_HOME is None:
-            os.environ.pop("PATCHGYM_HOME", None)
-        else:
-            os.environ["PATCHGYM_HOME"] = _IMPORT_HOME
-        return paths.cache_dir("nemo-gym")
-    finally:
-        if saved is None:
-            os.environ.pop("PATCHGYM_HOME", None)
-        else:
-            os.environ["PATCHGYM_HOME"] = saved
-
-
-def missing_requirements() -> list[str]:
-    """What this host lacks to run the real NeMo Gym (empty when it has all)."""
-    missing = []
-    if os.geteuid() != 0:
-        missing.append("root")
-    for tool in ("debootstrap", "ip", "chroot", "unshare", "bwrap"):
-        if shutil.which(tool) is None:
-            missing.append(tool)
-    return missing
-
-
-# --------------------------------------------------------------------------------------------------
-# the root filesystem
-
-
-# Run inside the root by the build: NeMo Gym's own venv setup for each server directory, with the
-# config values ng_run computes itself (ray and openai pinned to the parent's, python_version).
-PREBUILD = r'''
-import os, subprocess, sys
-from pathlib import Path
-from platform import python_version
-from omegaconf import OmegaConf
-from openai import __version__ as openai_version
-from ray import __version__ as ray_version
-import nemo_gym
-from nemo_gym.cli.setup_command import setup_env_command
-
-venv_dir, cache, *dirs = sys.argv[1:]
-cfg = OmegaConf.create({
-    "head_server_deps": [f"ray[default]=={ray_version}", f"openai=={openai_version}"],
-    "uv_venv_dir": venv_dir, "python_version": python_version(), "skip_venv_if_present": False,
-    "uv_cache_dir": cache})
-for d in dirs:
-    path = Path(d) if Path(d).is_absolute() else nemo_gym.PARENT_DIR / d
-    command = setup_env_command(path, cfg, path.name)
-    print("+", command, flush=True)
-    subprocess.run(command, shell=True, executable="/bin/bash", check=True, env={**os.environ, "UV_CACHE_DIR": cache})
-    venv = Path(venv_dir, *path.parts[-2:], ".venv")
-    assert (venv / "bin" / "python").exists() and (venv / "bin" / "activate").exists(), venv
-'''
-
-
-def root_packages() -> tuple[str, ...]:
-    from sandboxes.docker.images import BASE_PACKAGES
-
-    return tuple(dict.fromkeys((*BASE_PACKAGES, "python3-pip", "bash")))
-
-
-def root_key() -> dict:
-    from sandboxes.docker.images import host_mirror
-
-    return {"layout": ROOT_LAYOUT, "release": RELEASE, "packages": list(root_packages()),
-            "mirror": host_mirror(), "nemo_gym": NEMO_GYM_VERSION, "uv": UV_VERSION,
-            "servers": list(SERVER_DIRS), "resources_requirements": RESOURCES_REQUIREMENTS,
-            "prebuild": PREBUILD}
-
-
-def root_path() -> Path:
-    from sandboxes.docker.images import _digest
-
-    return cache_root() / f"root-{RELEASE}-{_digest(root_key())}"
-
-
-def _host_environ_for(root: Path) -> dict[str, str]:
-    """The host's pip, proxy and CA variables, less those naming a host path the root lacks."""
-    from sandboxes.docker.images import _host_path, _path_values, build_environ
-
-    env = {}
-    for key, value in build_environ().items():
-        paths = [p for p in map(_host_path, _path_values(value)) if p]
-        if all((root / p.lstrip("/")).exists() for p in paths):
-            env[key] = value
-    return env
-
-
-def chroot_argv(root: Path, argv: list[str], *, run_dir: Path | None = None, env: dict[str, str] | None = None,
-                cwd: str = "/") -> list[str]:
-    """``argv`` run in ``root`` through chroot, in a private mount namespace with /proc, /dev, /sys
-    (and ``run_dir`` on /tmp) mounted: the mounts end with the namespace, whatever happens."""
-    r = shlex.quote(str(root))
-    mounts = [f"mount -t proc proc {r}/proc", f"mount --rbind /dev {r}/dev", f"mount --rbind /sys {r}/sys"]
-    if run_dir is not None:
-        mounts.append(f"mount --bind {shlex.quote(str(run_dir))} {r}{RUN_TMP}")
-    base_env = {"PATH": f"{NEMO_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOME": f"{RUN_TMP}/home" if run_dir is not None else "/root", "LANG": "C.UTF-8"}
-    env_words = [f"{k}={v}" for k, v in {**base_env, **(env or {})}.items()]
-    inner = " && ".join(mounts) + f" && exec chroot {r} /usr/bin/env -i " + " ".join(map(shlex.quote, env_words))
-    inner += f" /bin/sh -c 'cd \"$0\" && exec \"$@\"' {shlex.quote(cwd)} " + " ".join(map(shlex.quote, argv))
-    return ["unshare", "--mount", "--propagation", "private", "--fork", "--", "/bin/sh", "-c", inner]
-
-
-def _build(root: Path, log_file: Path, progress: Progress) -> None:
-    from sandboxes.docker.images import (
-        DEBOOTSTRAP_TIMEOUT,
-        _clean_rootfs,
-        _copy_host_trust,
-        _run_logged,
-        host_mirror,
-    )
-
-    mirror = host_mirror()
-    packages = root_packages()
-    _say(progress, f"debootstrap {RELEASE} from {mirror} (minbase + {', '.join(packages)})")
-    _run_logged(["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", RELEASE, str(root), mirror],
-                log_file, timeout=DEBOOTSTRAP_TIMEOUT, what=f"debootstrap of {RELEASE}")
-    _copy_host_trust(root, log_file, progress)
-    if Path("/etc/resolv.conf").is_file():  # for pip and uv at build time only (removed below)
-        shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
-    env = _host_environ_for(root)
-    build_dir = root / "opt" / "ng-build"
-    (build_dir / RESOURCES_DIR).mkdir(parents=True)
-    (build_dir / RESOURCES_DIR / "requirements.txt").write_text(RESOURCES_REQUIREMENTS)
-    (build_dir / "prebuild.py").write_text(PREBUILD)
-    _say(progress, f"installing uv=={UV_VERSION} and nemo-gym=={NEMO_GYM_VERSION} into {NEMO_VENV}")
-    _run_logged(chroot_argv(root, ["/bin/sh", "-c",
-                                   f"python3 -m venv {NEMO_VENV} && {NEMO_VENV}/bin/pip install --no-input "
-                                   f"uv=={UV_VERSION} nemo-gym=={NEMO_GYM_VERSION}"], env=env),
-                log_file, timeout=3600, what="pip install nemo-gym in the root")
-    _say(progress, f"pre-building ng_run's server venvs in {SERVER_VENVS}")
-    _run_logged(chroot_argv(root, [f"{NEMO_VENV}/bin/python", "/opt/ng-build/prebuild.py", SERVER_VENVS,
-                                   "/opt/ng-build/uv-cache", f"/opt/ng-build/{RESOURCES_DIR}", *SERVER_DIRS], env=env),
-                log_file, timeout=3600, what="pre-building NeMo Gym's server venvs")
-    shutil.rmtree(build_dir / "uv-cache", ignore_errors=True)  # the venvs keep their hard links
-    _clean_rootfs(root)  # also drops resolv.conf: nothing resolves names at run time
-    (root / "tmp").mkdir(exist_ok=True)
-    (root / "tmp").chmod(0o1777)
-    (root / "pg-root.json").write_text(json.dumps(root_key(), indent=2) + "\n")
-
-
-def ensure_root(progress: Progress = None) -> Path:
-    """The cached root filesystem, built first if missing (under a lock: once across processes)."""
-    from sandboxes.docker.images import _remove_rootfs
-    from sandboxes.locks import file_lock
-
-    root = root_path()
-    if (root / "pg-root.json").is_file():
-        return root
-    missing = missing_requirements()
-    if missing:
-        raise RuntimeError(f"building the NeMo Gym root needs: {', '.join(missing)}")
-    with file_lock(root.with_name(root.name + ".lock")):
-        if (root / "pg-root.json").is_file():
-            return root
-        started = time.monotonic()
-        work = root.with_name(f"{root.name}.build-{uuid.uuid4().hex[:8]}")
-        log_file = root.with_name(root.name + ".log")
-        log_file.write_text("")
-        try:
-            (work / "rootfs").mkdir(parents=True)
-            _build(work / "rootfs", log_file, progress)
-            if root.exists():  # a half-made leftover without pg-root.json
-                _remove_rootfs(root)
-            (work / "rootfs").rename(root)
-        finally:
-            _remove_rootfs(work)
-        _say(progress, f"built {root} in {time.monotonic() - started:.0f}s (log: {log_file})")
-    return root
-
-
-# --------------------------------------------------------------------------------------------------
-# the network namespace
 
 
 # --------------------------------------------------------------------------------------------------
@@ -438,10 +242,11 @@ def _patchgym_cli() -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def has_init_command(env: dict[str, str]) -> bool:
-    proc = subprocess.run([*_patchgym_cli(), "nemo-gym", "init", "--help"], capture_output=True, env=env,
+def init_help(env: dict[str, str]) -> str | None:
+    """``patchgym nemo-gym init --help`` of the tree (None when it has no such command)."""
+    proc = subprocess.run([*_patchgym_cli(), "nemo-gym", "init", "--help"], capture_output=True, text=True, env=env,
                           cwd=patchgym_tree())
-    return proc.returncode == 0
+    return proc.stdout if proc.returncode == 0 else None
 
 
 FALLBACK_APP = '''\
@@ -507,11 +312,14 @@ def write_fallback_dir(work: Path, port: int, max_steps: int) -> None:
 
 
 def write_nemo_dir(work: Path, tasks: Path, instance_id: str, port: int, *, env: dict[str, str],
-                   max_steps: int = 30) -> str:
-    """The NeMo Gym side of patchgym in ``work``; returns how it was made ("init" or "fallback")."""
-    if has_init_command(env):
+                   release: Release = NEMO_GYM_04, max_steps: int = 30) -> str:
+    """The NeMo Gym side of patchgym in ``work``, for ``release``; returns how it was made ("init" or
+    "fallback"). A tree whose init has no ``--nemo-gym-version`` writes 0.4.0's config."""
+    usage = init_help(env)
+    if usage is not None:
+        version = ["--nemo-gym-version", release.short] if "--nemo-gym-version" in usage else []
         subprocess.run([*_patchgym_cli(), "nemo-gym", "init", str(work), "--tasks", str(tasks), "--instance-ids",
-                        instance_id, "--external", "--host", "127.0.0.1", "--port", str(port)],
+                        instance_id, "--external", "--host", "127.0.0.1", "--port", str(port), *version],
                        check=True, capture_output=True, env=env, cwd=patchgym_tree())
         how = "init"
     else:
@@ -589,18 +397,52 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+CONFIG_PATHS = (f"{RESOURCES_DIR}/configs/patchgym.yaml", "policy_model.yaml")
+# NeMo Gym's own session-contract check, run in the root (0.7.0+) against patchgym serve's routes over
+# HTTP: a small FastAPI app forwards each request (body, cookies) to the server and its answer back.
+CONTRACT_CHECK = r'''
+import sys, uuid
+import httpx
+from fastapi import FastAPI, Request, Response
+from nemo_gym.base_resources_server import ResourcesSeedSessionRequest
+from nemo_gym.episode_types import EpisodeId, TaskId
+from nemo_gym.testing.session_conformance import check_resources_session_contract
+
+base, instance_id = sys.argv[1:3]
+app = FastAPI()
+
+
+@app.post("/{path:path}")
+async def forward(path: str, request: Request) -> Response:
+    headers = {k: v for k, v in request.headers.items() if k in ("content-type", "cookie")}
+    async with httpx.AsyncClient(base_url=base, timeout=300) as client:  # fresh: no cookie jar between calls
+        answer = await client.post("/" + path, content=await request.body(), headers=headers)
+    response = Response(answer.content, status_code=answer.status_code, media_type=answer.headers.get("content-type"))
+    for value in answer.headers.get_list("set-cookie"):
+        response.headers.append("set-cookie", value)
+    return response
+
+
+seed = ResourcesSeedSessionRequest(resources_session_id=f"conformance-{uuid.uuid4().hex}",
+                                   episode_id=EpisodeId(rollout_id="conformance"),
+                                   task_id=TaskId(taskset="patchgym", task_id=instance_id),
+                                   task_data={"instance_id": instance_id})
+check_resources_session_contract(app, seed, keeps_state=True)
+print("check_resources_session_contract: passed")
+'''
 CHROOT_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
               "PYTHONUNBUFFERED": "1", "NO_PROXY": "*", "no_proxy": "*"}
 
 
 class Stack:
-    """``patchgym serve``, the scripted model and ``ng_run`` in a fresh network namespace; call
-    :meth:`collect` for each ``ng_collect_rollouts``. A context manager: on exit every process in
-    the namespace is killed, the namespace deleted and the run directory removed (copied to
-    ``keep`` first, when given)."""
+    """``patchgym serve``, the scripted model and NeMo Gym's launcher (``gym env start``) in a fresh
+    network namespace; call :meth:`collect` for each ``gym eval run --no-serve``. A context manager:
+    on exit every process in the namespace is killed, the namespace deleted and the run directory
+    removed (copied to ``keep`` first, when given)."""
 
-    def __init__(self, *, max_sessions: int = 2, tasks: Path = DEFAULT_TASKS, instance_id: str = DEFAULT_INSTANCE,
-                 progress: Progress = None, keep: Path | None = None) -> None:
+    def __init__(self, *, release: Release = NEMO_GYM_04, max_sessions: int = 2, tasks: Path = DEFAULT_TASKS,
+                 instance_id: str = DEFAULT_INSTANCE, progress: Progress = None, keep: Path | None = None) -> None:
+        self.release = release
         self.max_sessions = max_sessions
         self.tasks = tasks
         self.instance_id = instance_id
@@ -654,7 +496,7 @@ class Stack:
 
     def _setup(self) -> None:
         started = time.monotonic()
-        self.root = ensure_root(self.progress)
+        self.root = ensure_root(self.progress, self.release)
         self.seconds["root"] = time.monotonic() - started
         self.env = self._host_env()
         # warm-up outside the namespace: the task's environment (venv from PyPI, checkout) if missing
@@ -673,8 +515,11 @@ class Stack:
         self.run_dir.chmod(0o1777)
         (self.run_dir / "home").mkdir()
         self.work = self.run_dir / "work"
-        (self.work / "results").mkdir(parents=True)
-        self.how = write_nemo_dir(self.work, self.tasks, self.instance_id, PATCHGYM_PORT, env=self.env)
+        self.work.mkdir()
+        if self.release is NEMO_GYM_04:  # the docs' `mkdir -p results`: 0.7.0 makes it itself
+            (self.work / "results").mkdir()
+        self.how = write_nemo_dir(self.work, self.tasks, self.instance_id, PATCHGYM_PORT, env=self.env,
+                                  release=self.release)
         (self.work / "policy_model.yaml").write_text(MODEL_YAML)
         scripts = self.run_dir / "scripts.json"
         scripts.write_text(json.dumps(case_scripts(gold_patch(self.tasks, self.instance_id))))
@@ -690,15 +535,15 @@ class Stack:
                                                  str(MODEL_PORT), "--scripts", str(scripts), "--ready", str(ready)],
                                        cwd=REPO_ROOT)
         _wait_for(ready.exists, 60, "the scripted model did not start", self._dead(("model", model, model_log)))
-        config_paths = f"[{RESOURCES_DIR}/configs/patchgym.yaml,policy_model.yaml]"
-        self.ng_run, self.ng_run_log = self._start("ng_run", chroot_argv(self.root, [
-            "ng_run", f"+config_paths={config_paths}", f"+uv_venv_dir={SERVER_VENVS}", "+skip_venv_if_present=true"],
-            run_dir=self.run_dir, env=CHROOT_ENV, cwd=WORK))
-        _wait_for(lambda: "servers ready!" in _tail(self.ng_run_log, 400000), 300, "ng_run did not get ready",
-                  self._dead(("ng_run", self.ng_run, self.ng_run_log), ("patchgym serve", self.serve, self.serve_log)))
+        self.ng_run, self.ng_run_log = self._start("gym-env-start", chroot_argv(self.root, [
+            "gym", "env", "start", *[f"--config={path}" for path in CONFIG_PATHS], f"+uv_venv_dir={SERVER_VENVS}",
+            "+skip_venv_if_present=true"], run_dir=self.run_dir, env=CHROOT_ENV, cwd=WORK))
+        _wait_for(lambda: "servers ready!" in _tail(self.ng_run_log, 400000), 300, "gym env start did not get ready",
+                  self._dead(("gym env start", self.ng_run, self.ng_run_log),
+                             ("patchgym serve", self.serve, self.serve_log)))
         self.seconds["start"] = time.monotonic() - started
-        _say(self.progress, f"patchgym serve, scripted model and ng_run ready in {self.seconds['start']:.1f}s "
-                            f"(resources server dir: {self.how})")
+        _say(self.progress, f"patchgym serve, scripted model and NeMo Gym {self.release.version} ready in "
+                            f"{self.seconds['start']:.1f}s (resources server dir: {self.how})")
 
     # -- one collection
     def rows(self, markers: list[str]) -> list[dict]:
@@ -717,10 +562,9 @@ class Stack:
         inp.write_text("".join(json.dumps(r) + "\n" for r in self.rows(markers)))
         out = f"{WORK}/results/{name}.jsonl"
         started = time.monotonic()
-        proc, log_path = self._start(name, chroot_argv(self.root, [
-            "ng_collect_rollouts", f"+agent_name={AGENT_NAME}", f"+input_jsonl_fpath={WORK}/{inp.name}",
-            f"+output_jsonl_fpath={out}", f"+num_samples_in_parallel={parallel}", "+upload_rollouts_to_wandb=false"],
-            run_dir=self.run_dir, env=CHROOT_ENV, cwd=WORK))
+        proc, log_path = self._start(name, self.in_root(["gym", "eval", "run", "--no-serve", "--agent", AGENT_NAME,
+                                                         "--input", f"{WORK}/{inp.name}", "--output", out,
+                                                         "--concurrency", str(parallel)]))
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -734,9 +578,40 @@ class Stack:
                           returncode=rc, log=_tail(log_path, 20000), seconds=seconds,
                           metrics=json.loads(metrics.read_text()) if metrics.exists() else None)
 
+    def in_root(self, argv: list[str]) -> list[str]:
+        """``argv`` run in the release's root, in the run's working directory (which holds the config)."""
+        return chroot_argv(self.root, argv, run_dir=self.run_dir, env=CHROOT_ENV, cwd=WORK)
+
+    def run_in_root(self, name: str, argv: list[str], timeout: float = 300) -> tuple[int, str]:
+        """``argv`` run in the root inside the namespace, to its end: its exit code and output."""
+        proc, log_path = self._start(name, self.in_root(argv))
+        try:
+            return proc.wait(timeout=timeout), _tail(log_path, 20000)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return -1, _tail(log_path, 20000)
+
+    def check_session_contract(self) -> tuple[int, str]:
+        """NeMo Gym's own ``check_resources_session_contract`` (0.7.0+) against the running
+        ``patchgym serve``, through its HTTP routes (:data:`CONTRACT_CHECK`)."""
+        script = self.run_dir / "contract_check.py"
+        script.write_text(CONTRACT_CHECK)
+        return self.run_in_root("contract-check", [f"{NEMO_VENV}/bin/python", f"{RUN_TMP}/{script.name}",
+                                                   f"http://127.0.0.1:{PATCHGYM_PORT}", self.instance_id])
+
+    def patchgym_metrics(self) -> dict[str, float]:
+        """``patchgym serve``'s ``/metrics``, as ``{"name{labels}": value}``."""
+        code = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode())"
+        text = subprocess.run(self.ns.argv([sys.executable, "-c", code, f"http://127.0.0.1:{PATCHGYM_PORT}/metrics"]),
+                              capture_output=True, text=True, check=True).stdout
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
     def logs(self) -> str:
-        """The tails of ng_run's and patchgym serve's logs, for failure messages."""
-        return (f"--- ng_run ---\n{_tail(self.ng_run_log, 6000)}\n--- patchgym serve ---\n{_tail(self.serve_log, 4000)}"
+        """The tails of the launcher's and patchgym serve's logs, for failure messages."""
+        return (f"--- gym env start ---\n{_tail(self.ng_run_log, 6000)}\n"
+                f"--- patchgym serve ---\n{_tail(self.serve_log, 4000)}"
                 if self.run_dir else "")
 
     # -- teardown
@@ -771,15 +646,11 @@ class Stack:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.nemo_gym_real")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build (or find) the cached NeMo Gym root; print its path")
     model = sub.add_parser("model", help="serve the scripted OpenAI Responses model")
     model.add_argument("--port", type=int, required=True)
     model.add_argument("--scripts", type=Path, required=True)
     model.add_argument("--ready", type=Path)
     args = parser.parse_args(argv)
-    if args.command == "build":
-        print(ensure_root(progress=lambda m: print(m, file=sys.stderr, flush=True)))
-        return 0
     serve_model(args.port, json.loads(args.scripts.read_text()), args.ready)
     return 0
 

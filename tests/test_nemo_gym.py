@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.nemo_gym import COOKIE, nemo_gym_dataset_rows
+from server.nemo_gym import COOKIE
+from server.nemo_gym_dataset import nemo_gym_dataset_rows
 from tasks.catalog import load_task_set
 from tests.serving import serve
 from tests.test_server import TASK, apply_via_bash
@@ -182,6 +183,65 @@ def test_typed_resources_session_follows_the_contract(http, row):
     assert r.status_code == 404
 
 
+def typed_seed(row: dict, rid: str, rollout_id: str = "0-0", attempt: int = 0) -> dict:
+    """What NeMo Gym 0.7.0's single_agent_turn sends: its own id, the episode, the task and the row's fields."""
+    return {"resources_session_id": rid, "episode_id": {"rollout_id": rollout_id, "attempt": attempt},
+            "task_id": {"taskset": "patchgym_agent", "task_id": TASK},
+            "task_data": {k: v for k, v in row.items() if k not in ("responses_create_params", "agent_ref")}}
+
+
+def test_a_typed_episode_as_single_agent_turn_runs_it(http, row, calc_task):
+    """NeMo Gym 0.7.0's environment server: typed seed, tool calls with the seed's cookies, verify
+    (the row's fields, the prompt and the response, with the cookies), then /close_session, which
+    alone frees the sandbox. A repeated verify (a lost reply retried) answers the same grade."""
+    closed_before = _closed(http, "client")
+    rollout = seeded(http, typed_seed(row, "rs-typed"))
+    assert rollout.post("/bash", apply_via_bash(calc_task.patch)["arguments"]).json()["done"] is False
+    body = {**typed_seed(row, "-")["task_data"], "responses_create_params": row["responses_create_params"],
+            "response": {"id": "resp_1", "output": []}}
+    first = rollout.post("/verify", body).json()
+    assert first["reward"] == 1.0 and first["resolved"] and first["mask_sample"] is False
+    assert first["failure_kind"] is None and first["failure_reason"] is None
+    assert http.get("/healthz").json()["sessions"] == 1  # verify left it to its caller's close
+    again = rollout.post("/verify", body).json()
+    assert again["reward"] == 1.0 and again["report"] == first["report"]
+    close = {"resources_session_id": "rs-typed", "episode_id": {"rollout_id": "0-0", "attempt": 0}}
+    r = rollout.post("/close_session", close)
+    assert r.status_code == 200 and r.json() == {"resources_session_id": "rs-typed"}
+    assert http.get("/healthz").json()["sessions"] == 0  # freed at once, not at the idle TTL
+    assert _closed(http, "client") == closed_before + 1 and _closed(http, "idle") == 0
+    assert http.post("/close_session", json=close).status_code == 200  # and again: idempotent
+
+
+def test_a_retried_episode_gets_a_fresh_session(http, row):
+    """A retry (attempt 1) comes with a new resources_session_id: a session of its own in a fresh
+    sandbox, whatever became of attempt 0's; attempt 0's id is not the retry's."""
+    first = seeded(http, typed_seed(row, "rs-a0"))
+    first.post("/bash", {"command": "echo attempt-0 > left-behind.txt"})
+    retry = seeded(http, typed_seed(row, "rs-a1", attempt=1))
+    assert retry.cookies != first.cookies
+    assert "No such file" in retry.post("/bash", {"command": "cat left-behind.txt"}).json()["output"]
+    assert http.post("/seed_session", json=typed_seed(row, "rs-a0", attempt=1)).status_code == 409
+    for rid, attempt in (("rs-a0", 0), ("rs-a1", 1)):
+        close = {"resources_session_id": rid, "episode_id": {"rollout_id": "0-0", "attempt": attempt}}
+        assert http.post("/close_session", json=close).status_code == 200
+    assert http.get("/healthz").json()["sessions"] == 0
+
+
+def test_failure_kinds_name_what_the_report_says():
+    from server.nemo_gym_outcome import Outcome, failure_of
+
+    assert failure_of({"resolved": True}) == (False, None, None)
+    assert failure_of({"infrastructure_failure": True, "infrastructure_failure_reason": "no disk"}) == (
+        True, "provider_unavailable", "no disk")
+    # the policy's doing: scored 0, named, never masked
+    assert failure_of({"tampering_detected": True, "tampering_reason": "forged junit"}) == (
+        False, "patchgym:tampering", "forged junit")
+    assert failure_of({"test_timed_out": True})[:2] == (False, "patchgym:test_timeout")
+    masked = Outcome.graded(1.0, {"resolved": True, "infrastructure_failure": True})
+    assert masked.reward == 0.0 and not masked.resolved and masked.mask_sample
+
+
 def test_cookie_of_another_token_is_404(calc_tasks_file, row):
     app = create_app(tasks=calc_tasks_file, token=["a", "b"])
     with serve(app) as u, httpx.Client(base_url=u, timeout=120) as c:
@@ -329,7 +389,8 @@ def test_an_abandoned_rollout_frees_its_slot_and_a_late_verify_is_masked(calc_ta
         r = abandoned.post("/bash", {"command": "true"})
         assert r.status_code == 200 and r.json()["done"] and "idling" in r.json()["output"]
         v = abandoned.post("/verify", verify_body(row)).json()
-        assert v["mask_sample"] is True and v["failure_kind"] == "patchgym:session_expired" and v["reward"] == 0.0
+        assert v["mask_sample"] is True and v["failure_kind"] == "session_expired" and v["reward"] == 0.0
+        assert _closed(c, "idle") == 1
         native = c.post("/v1/sessions", json={"task_id": TASK})  # the native TTL is its own, not the rollout one
         assert native.status_code in (200, 201), native.text
 
@@ -375,6 +436,14 @@ def test_dataset_rows_are_well_formed(calc_tasks_file, calc_task, tmp_path, http
     assert {"/seed_session", "/verify", "/close_session", "/aggregate_metrics"} <= set(paths)
     assert paths["/verify"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/NemoGymVerifyResponse")
+
+
+def _closed(http: httpx.Client, reason: str) -> float:
+    """``patchgym_sessions_closed_total`` of NeMo Gym sessions closed for ``reason``."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(f'patchgym_sessions_closed_total{{protocol="nemo_gym",reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def _nemo_steps(http: httpx.Client) -> float:

@@ -53,10 +53,24 @@ def test_init_writes_what_ng_run_requires(calc_tasks_file, tmp_path):
     assert [r["instance_id"] for r in rows] == [TASK] and rows[0]["agent_ref"]["name"] == "patchgym_agent"
     assert (directory / "requirements.txt").exists()  # ng_run builds the server's venv from it
     assert "patch" not in rows[0] and "FAIL_TO_PASS" not in json.dumps(rows[0])
+    # NeMo Gym 0.7.0's environment server in front of the agent: typed sessions, each closed by it
+    env = config["patchgym_environment_server"]["environment_servers"]["single_agent_turn_legacy"]
+    assert env["agent_server"] == {"type": "responses_api_agents", "name": "patchgym_agent"}
+    assert env["resources_server"] == agent["resources_server"] and env["resources_tool_transports"] == ["direct_http"]
+
+
+def test_init_for_nemo_gym_04_writes_no_environment_server(tmp_path):
+    """0.4.0 starts every entry of a config, and has no environment_servers to start."""
+    result = CliRunner().invoke(app, ["nemo-gym", "init", str(tmp_path), "--nemo-gym-version", "0.4"])
+    assert result.exit_code == 0, result.output
+    assert "mkdir -p results" in result.output and "gym eval run --no-serve" in result.output
+    config = yaml.safe_load((tmp_path / "resources_servers/patchgym/configs/patchgym.yaml").read_text())
+    assert set(config) == {"patchgym_resources_server", "patchgym_agent"}
 
 
 @pytest.mark.parametrize("args, message", [(["--license", "WTFPL"], "accepts no dataset license"),
-                                           (["--external"], "needs its --port")])
+                                           (["--external"], "needs its --port"),
+                                           (["--nemo-gym-version", "0.5"], "no config for NeMo Gym 0.5")])
 def test_init_refuses_what_ng_run_would_reject(tmp_path, args, message):
     result = CliRunner().invoke(app, ["nemo-gym", "init", str(tmp_path), *args])
     assert result.exit_code != 0 and message in result.output
