@@ -54,6 +54,7 @@ def add(
     from rich.markup import escape
 
     from gym_envs.grading.testrun import probe
+    from gym_envs.making import git_source
     from gym_envs.making import repo_setup as rs
     from gym_envs.making.registry import RepoRecord, list_repos, save_repo
     from sandboxes import SandboxError
@@ -68,15 +69,15 @@ def add(
             fail(f"{name!r} is {what}; pass --force to register this one in its place")
         factory = sandbox_factory(backend, **({"isolation": isolation} if backend == "local" else {}))
         with console.status(f"reading {path_or_url}…"):
-            source = rs.open_source(path_or_url)
-            sha = rs.resolve_rev(source.git_dir, rev)
-            with rs.RepoFiles(source.git_dir, sha) as files:
+            source = git_source.open_source(path_or_url)
+            sha = git_source.resolve_rev(source.git_dir, rev)
+            with git_source.RepoFiles(source.git_dir, sha) as files:
                 detection = rs.detect_setup(files, python=python, install=install, packages=package,
                                             test_cmd=test_cmd)
         record = RepoRecord(name=name, repo=repo or source.default_repo(name), source=source.source,
                             environment=detection.environment, head=sha,
                             test_spec=TestSpec(command=detection.test_spec.command, timeout=timeout))
-    except (rs.RepoSetupError, ValueError) as exc:
+    except (git_source.RepoSetupError, ValueError) as exc:
         fail(str(exc))
     env = record.environment
     out.print(f"[bold]{escape(name)}[/]: {escape(record.repo)} at {sha[:12]} ({escape(rev)}) from "
@@ -86,7 +87,7 @@ def add(
         out.print(f"  {label:<9}{escape(value)}", highlight=False)
     for note in (*source.notes, *detection.notes):
         out.print(f"  [dim]• {escape(note)}[/]", highlight=False)
-    if not source.is_url and rev == "HEAD" and rs.uncommitted_changes(source.git_dir):
+    if not source.is_url and rev == "HEAD" and git_source.uncommitted_changes(source.git_dir):
         console.print(f"[yellow]warning:[/] {escape(source.source)} has uncommitted changes; they are not part "
                       f"of {sha[:12]}, which is what gets checked and registered", highlight=False)
 

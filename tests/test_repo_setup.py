@@ -15,16 +15,12 @@ from cli import app
 from cli import common as cli_common
 from gym_envs.grading.outcome import TestStatus
 from gym_envs.grading.testrun import TestRun
+from gym_envs.making.git_source import RepoFiles, RepoSetupError, open_source, repo_from_url, resolve_rev
 from gym_envs.making.repo_setup import (
-    RepoFiles,
-    RepoSetupError,
     UnsupportedRepoError,
     check_suite,
     detect_setup,
-    open_source,
     pick_python,
-    repo_from_url,
-    resolve_rev,
     setup_py_keywords,
 )
 

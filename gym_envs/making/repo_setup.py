@@ -1,13 +1,12 @@
-"""Registering a repository: where git reads it, how its environment is built, how its tests run,
-and whether its suite works at a commit — what ``patchgym repos add`` needs before any task exists.
+"""Registering a repository: how its environment is built, how its tests run, and whether its
+suite works at a commit — what ``patchgym repos add`` needs before any task exists.
 
-Detection reads the files of one commit from git's object database with GitPython (no checkout, no
-code run: a setup.py is parsed, never executed), so what is detected is exactly what sandboxes will
-check out. The repository is the user's own, read, never written; the harness's git work on
-checkouts the agent touched stays hardened subprocess calls (``sandboxes.gitops``). Every guess
-comes with a note saying where it came from, because a wrong guess is only fixable by a user who
-can see it. The suite check (:func:`check_suite`) turns a whole-suite :class:`~.testrun.TestRun`
-into a verdict with the reason, since "0 tests passed" alone does not say what to fix.
+Detection reads the files of one commit (:class:`~.git_source.RepoFiles`: git's object database,
+no checkout, no code run: a setup.py is parsed, never executed), so what is detected is exactly
+what sandboxes will check out. Every guess comes with a note saying where it came from, because a
+wrong guess is only fixable by a user who can see it. The suite check (:func:`check_suite`) turns
+a whole-suite :class:`~.testrun.TestRun` into a verdict with the reason, since "0 tests passed"
+alone does not say what to fix.
 """
 
 from __future__ import annotations
@@ -16,15 +15,11 @@ import ast
 import configparser
 import re
 import shlex
-import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from git import Repo
-from git.exc import GitError
-from gitdb.exc import BadName, BadObject
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -35,10 +30,9 @@ from gym_envs.grading.pyast import parse as parse_python
 from gym_envs.grading.testrun import TestRun
 from sandboxes import EnvironmentSpec, SandboxError
 from sandboxes.environments import find_interpreter
-from sandboxes.locks import file_lock
-from sandboxes.paths import cache_dir
-from sandboxes.repos import _source_id, git
 from tasks.model import DEFAULT_TEST_COMMAND, EnvironmentConfig, TestSpec
+
+from .git_source import RepoFiles, RepoSetupError
 
 try:  # Python 3.11+; tomli is the same parser for 3.10
     import tomllib
@@ -66,165 +60,10 @@ PLUGIN_OPTIONS = {"--cov": "pytest-cov", "-n": "pytest-xdist", "--numprocesses":
 PLUGIN_INI_KEYS = {"asyncio_mode": "pytest-asyncio", "timeout": "pytest-timeout",
                    "DJANGO_SETTINGS_MODULE": "pytest-django", "mock_use_standalone_module": "pytest-mock"}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-SCP_URL_RE = re.compile(r"^[\w.-]+@[\w.-]+:")
-
-
-class RepoSetupError(ValueError):
-    """The input cannot be registered as given (the message says why and what to pass instead)."""
 
 
 class UnsupportedRepoError(RepoSetupError):
     """A repository whose tests do not run with pytest (Django, SymPy)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Where git reads the repository
-
-
-@dataclass(frozen=True)
-class GitSource:
-    """A repository as ``repos add`` was given it: ``source`` is what the record stores (and git
-    fetches for every sandbox), ``git_dir`` is where detection reads commits from."""
-
-    source: str
-    git_dir: Path
-    is_url: bool
-    notes: tuple[str, ...] = ()
-
-    def default_repo(self, name: str) -> str:
-        """``owner/name`` for task rows: the URL's, or ``local/<name>`` for a path or a bundle."""
-        local = not self.is_url or self.source.startswith("file://")
-        return f"local/{name}" if local else repo_from_url(self.source)
-
-
-def is_url(text: str) -> bool:
-    return "://" in text or bool(SCP_URL_RE.match(text))
-
-
-def repo_from_url(url: str) -> str:
-    """``owner/name`` of a git URL (https, ssh or scp-like), as task rows spell it."""
-    path = url.split("://", 1)[1] if "://" in url else url.split(":", 1)[-1]
-    parts = [p for p in path.rstrip("/").split("/") if p]
-    if "://" in url and not url.startswith("file://"):
-        parts = parts[1:]  # the host (and user, port)
-    parts = [p.removesuffix(".git") for p in parts]
-    parts = [p for p in parts if p]
-    if not parts:
-        raise RepoSetupError(f"cannot tell the repository name from URL {url!r}")
-    return "/".join(parts[-2:]) if len(parts) >= 2 else f"remote/{parts[-1]}"
-
-
-def _mirror(url: str) -> Path:
-    """The cached bare mirror of ``url``, cloned or brought up to date. It is the very mirror
-    sandboxes fetch from (same cache path), so registering does not clone a repository twice."""
-    mirror = cache_dir("mirrors") / f"{_source_id(url)}.git"
-    try:
-        with file_lock(mirror.with_suffix(".lock")):
-            if mirror.exists():
-                git("fetch", "--quiet", "--prune", url, "+refs/*:refs/*", cwd=mirror)
-            else:
-                tmp = mirror.with_name(f".{mirror.name}.registering")
-                if tmp.exists():  # left by an interrupted registration
-                    shutil.rmtree(tmp)
-                git("clone", "--quiet", "--mirror", url, str(tmp))
-                tmp.rename(mirror)
-    except SandboxError as exc:
-        raise RepoSetupError(f"cannot fetch {url}: {str(exc).split(' failed: ', 1)[-1]}") from None
-    return mirror
-
-
-def _pythons_here() -> str:
-    """The Python versions this machine has, for an error message."""
-    from sandboxes.environments import _candidate_executables, _probe
-
-    versions = {Version(i.version) for i in map(_probe, _candidate_executables()) if i}
-    return ", ".join(f"{v.major}.{v.minor}" for v in sorted({Version(f"{v.major}.{v.minor}") for v in versions}))
-
-
-def open_source(path_or_url: str) -> GitSource:
-    """Where to read ``path_or_url`` from: a working tree or bare repository is read in place (its
-    top level, when given a subdirectory); a URL or a bundle is mirrored into the cache first."""
-    if is_url(path_or_url):
-        repo_from_url(path_or_url)  # fails early on a URL with no name
-        return GitSource(path_or_url, _mirror(path_or_url), True)
-    path = Path(path_or_url).expanduser().resolve()
-    if not path.exists():
-        raise RepoSetupError(f"no such path: {path_or_url} (give a local git repository or a git URL)")
-    if path.is_file():
-        if path.suffix != ".bundle":
-            raise RepoSetupError(f"{path} is a file, not a git repository (or a .bundle)")
-        return GitSource(str(path), _mirror(str(path)), False)
-    try:
-        with Repo(path, search_parent_directories=True) as repo:
-            top = None if repo.bare else Path(repo.working_tree_dir or path).resolve()
-    except (GitError, ValueError):
-        raise RepoSetupError(f"{path} is not a git repository (run `git init` and commit, or give a git URL)") from None
-    if top is None:
-        return GitSource(str(path), path, False)
-    notes = (f"{path} is inside the repository {top}; registering {top}",) if top != path else ()
-    return GitSource(str(top), top, False, notes)
-
-
-def resolve_rev(git_dir: Path, rev: str) -> str:
-    """The full sha of ``rev`` (a branch, tag, short sha, ``HEAD~2``...)."""
-    if not rev.strip() or rev.startswith("-"):
-        raise RepoSetupError(f"invalid revision {rev!r}")
-    with Repo(git_dir) as repo:
-        try:
-            return repo.commit(rev).hexsha
-        except (BadName, BadObject, GitError, ValueError):
-            hint = "" if repo.head.is_valid() else " (the repository has no commits yet)"
-            raise RepoSetupError(f"unknown revision {rev!r} in {git_dir}{hint}") from None
-
-
-def uncommitted_changes(git_dir: Path) -> bool:
-    """Whether a working tree has changes a checkout at a commit will not see."""
-    with Repo(git_dir) as repo:
-        return not repo.bare and repo.is_dirty(index=True, working_tree=True, untracked_files=False)
-
-
-class RepoFiles:
-    """The files of one commit, read from git's object database (no checkout: nothing is written or
-    run). It holds the repository open for its reads: close it (or use it in a ``with``)."""
-
-    def __init__(self, git_dir: Path, commit: str) -> None:
-        self.git_dir = git_dir
-        self.commit = commit
-        self._repo = Repo(git_dir)
-        try:
-            tree = self._repo.commit(commit).tree
-            self._blobs = {item.path: item.binsha for item in tree.traverse() if item.type == "blob"}
-        except (BadName, BadObject, GitError, ValueError) as exc:
-            self._repo.close()
-            raise RepoSetupError(f"cannot read commit {commit} of {git_dir}: {exc}") from None
-        self.paths: frozenset[str] = frozenset(self._blobs)
-        self._cache: dict[str, str | None] = {}
-
-    def __enter__(self) -> RepoFiles:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._repo.close()
-
-    def exists(self, path: str) -> bool:
-        return path in self.paths
-
-    def has_dir(self, path: str) -> bool:
-        prefix = path.rstrip("/") + "/"
-        return any(p.startswith(prefix) for p in self.paths)
-
-    def read(self, path: str) -> str | None:
-        if path not in self._cache:
-            binsha = self._blobs.get(path)
-            try:
-                data = None if binsha is None else self._repo.odb.stream(binsha).read()
-            except (BadObject, GitError, ValueError):
-                data = None
-            self._cache[path] = None if data is None else data.decode("utf-8", errors="replace")
-        return self._cache[path]
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,6 +259,14 @@ def check_supported(files: RepoFiles) -> None:
             "this looks like SymPy (bin/test and sympy/): its tests run with SymPy's own runner, which "
             "`repos add` does not support yet; `patchgym import-swebench` imports SymPy's SWE-bench tasks "
             "with their environments (or pass --test-cmd with a pytest-compatible command to try anyway)")
+
+
+def _pythons_here() -> str:
+    """The Python versions this machine has, for an error message."""
+    from sandboxes.environments import _candidate_executables, _probe
+
+    versions = {Version(i.version) for i in map(_probe, _candidate_executables()) if i}
+    return ", ".join(f"{v.major}.{v.minor}" for v in sorted({Version(f"{v.major}.{v.minor}") for v in versions}))
 
 
 def pick_python(constraint: str | None, origin: str | None = None) -> tuple[str, str]:
