@@ -11,6 +11,11 @@ that only ``patch`` reads, ``.git/`` paths that only ``patch`` writes). So there
 (:class:`PatchError`) what it cannot read unambiguously; and what gets applied is never the agent's
 text but :func:`render_patch` of the parsed sections, a canonical git diff that both appliers read
 the same way. The policy (:func:`drop_reason`) then judges exactly what will be written.
+
+One file (about 770 lines) on purpose: parsing, rendering and the policy are one argument. The
+filter is sound only while the policy judges exactly the sections the parser read and the renderer
+writes back, so a reviewer checking an attack needs all three in view; the lenient readers of
+trusted diffs at the end reuse the same parser, so no second reading of a diff exists anywhere.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ what sandboxes will check out. Every guess comes with a note saying where it cam
 wrong guess is only fixable by a user who can see it. The suite check (:func:`check_suite`) turns
 a whole-suite :class:`~.testrun.TestRun` into a verdict with the reason, since "0 tests passed"
 alone does not say what to fix.
+
+One file (about 570 lines): detection is one chain of guesses over the same few files
+(pyproject.toml, setup.cfg, setup.py, requirements, pytest and tox configuration), each guess
+reading earlier ones (the chosen extra picks the requirements, the test options pick the plugins,
+the Python constraint picks the interpreter), and the notes of every guess must come out in one
+order; the suite check is the last step of the same registration.
 """
 
 from __future__ import annotations
