@@ -36,6 +36,11 @@ build an image once. Build containers
 carry ``org.patchgym.kind=build`` and are always removed; every image carries
 ``org.patchgym.managed=1`` and its kind, and :func:`prune_images` never touches anything else.
 ``progress`` callbacks are called only for work actually done (a cached image reports nothing).
+
+One file (about 860 lines): the three layers are one chain, each image keyed by the one below it
+(base id -> environment key -> instance key), built under the same lock, build container, labels
+and clean-up rules; :func:`prune_images` and :func:`list_images` read the labels every builder
+writes. Split by layer, a reader would have to follow the keys and labels across files.
 """
 
 from __future__ import annotations
