@@ -29,8 +29,8 @@ def ticks(vmax: float, integer: bool) -> tuple[float, int]:
 
 @dataclass(slots=True)
 class Chart:
-    """``grid``: (y, label) per tick; ``bars``: (outcome class, x, y, width, height, raw value, title).
-    Coordinates are text, as written in the SVG."""
+    """``grid``: (y of the line, y of its label, label) per tick; ``bars``: (outcome class, x, y,
+    width, height, raw value, title). Coordinates are text, as written in the SVG."""
 
     chart_id: str
     title: str

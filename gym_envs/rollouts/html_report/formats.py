@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 OUTCOMES = ("resolved", "unresolved", "masked")
@@ -22,42 +23,39 @@ def num(value: Any) -> float | None:
     return value
 
 
+def _shown(value: Any, text: Callable[[float], str]) -> str:
+    v = num(value)
+    return "—" if v is None else text(v)
+
+
 def fmt_rate(value: Any) -> str:
     """A fraction as a percentage with one decimal: 0.5 -> ``50.0%``."""
-    v = num(value)
-    return "—" if v is None else f"{v * 100:.1f}%"
+    return _shown(value, lambda v: f"{v * 100:.1f}%")
 
 
 def fmt_int(value: Any) -> str:
     """A count with thousands separators: 1234 -> ``1,234``."""
-    v = num(value)
-    if v is None:
-        return "—"
-    return f"{v:,}" if isinstance(v, int) else f"{v:,.1f}"
+    return _shown(value, lambda v: f"{v:,}" if isinstance(v, int) else f"{v:,.1f}")
 
 
 def fmt_cost(value: Any) -> str:
     """US dollars with four decimals: 0.0123 -> ``$0.0123``."""
-    v = num(value)
-    return "—" if v is None else f"${v:,.4f}"
+    return _shown(value, lambda v: f"${v:,.4f}")
 
 
 def fmt_seconds(value: Any) -> str:
     """Seconds with one decimal: 12.34 -> ``12.3``."""
-    v = num(value)
-    return "—" if v is None else f"{v:,.1f}"
+    return _shown(value, lambda v: f"{v:,.1f}")
 
 
 def fmt_cpu(value: Any) -> str:
     """CPU seconds with three decimals (an environment's are often under 0.1 s): 0.0812 -> ``0.081``."""
-    v = num(value)
-    return "—" if v is None else f"{v:,.3f}"
+    return _shown(value, lambda v: f"{v:,.3f}")
 
 
 def fmt_mib(value: Any) -> str:
     """Bytes in MiB, whole: 33951744 -> ``32 MiB``."""
-    v = num(value)
-    return "—" if v is None else f"{v / 2**20:,.0f} MiB"
+    return _shown(value, lambda v: f"{v / 2**20:,.0f} MiB")
 
 
 def fmt_ci(value: Any) -> str:
