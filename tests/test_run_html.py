@@ -10,6 +10,7 @@ unless ``PATCHGYM_REQUIRE_CHROMIUM=1``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from gym_envs.rollouts.html_report import (
     render_report,
     write_report,
 )
+from gym_envs.rollouts.html_report import page as report_page
 
 SAMPLE = Path(__file__).parent / "fixtures" / "run_dir_sample"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -304,11 +306,12 @@ def injected_elements(dom: Node) -> list[Node]:
 
 
 @pytest.mark.parametrize("autoescape", [True, False], ids=["autoescape", "control-autoescape-off"])
-def test_markup_in_every_string_stays_text(tmp_path, autoescape):
+def test_markup_in_every_string_stays_text(tmp_path, monkeypatch, autoescape):
     """Every string of the run directory carries markup: none of it becomes an element, all of it is
     text on the page. With autoescape off (the positive control) the same check sees the markup."""
+    monkeypatch.setattr(report_page, "environment", functools.partial(report_page.environment, autoescape))
     run = inject_markup(sample_copy(tmp_path))
-    html_text = render_report(run, autoescape=autoescape)
+    html_text = render_report(run)
     dom = parse(html_text)
     shown = dom.text().count('<b data-injected="1">&amp;</b>')
     if not autoescape:

@@ -25,8 +25,8 @@ __all__ = ["RunReportMissing", "environment", "render_report", "write_report"]
 
 @functools.lru_cache(maxsize=2)
 def environment(autoescape: bool = True) -> jinja2.Environment:
-    """The templates of ``templates/`` (package data). ``autoescape=False`` exists for the test that
-    proves the page would be unsafe without it."""
+    """The templates of ``templates/`` (package data). ``autoescape=False`` exists only for the test
+    that shows what autoescape prevents (it swaps this function for one that turns it off)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"), autoescape=autoescape,
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     env.filters["thousands"] = lambda n: f"{n:,}"
@@ -100,7 +100,7 @@ def _context(run_dir: Path, max_output_chars: int, max_page_chars: int) -> dict[
 
 
 def render_report(run_dir: Path, *, max_output_chars: int = MAX_OUTPUT_CHARS,
-                  max_page_chars: int = MAX_PAGE_CHARS, autoescape: bool = True) -> str:
+                  max_page_chars: int = MAX_PAGE_CHARS) -> str:
     """The HTML report of the run directory ``run_dir`` (a self-contained page, as text).
 
     Each message, tool output and argument is shown up to ``max_output_chars`` (head and tail, with
@@ -109,7 +109,6 @@ def render_report(run_dir: Path, *, max_output_chars: int = MAX_OUTPUT_CHARS,
 
     Raises ``RunReportMissing`` (a ``FileNotFoundError``) naming ``report.json`` when it is missing,
     ``ValueError`` when it is not valid JSON; every other file may be missing or partial (noted).
-    ``autoescape=False`` is for the test that shows what it prevents; never use it otherwise.
     """
     # A big run makes millions of small objects that all live until the page is done: the cyclic
     # GC would walk them again and again for nothing (bench/README.md: html_report.py).
@@ -117,7 +116,7 @@ def render_report(run_dir: Path, *, max_output_chars: int = MAX_OUTPUT_CHARS,
     gc.disable()
     try:
         context = _context(Path(run_dir), max_output_chars, max_page_chars)
-        text = environment(autoescape).get_template("report.html.j2").render(context)
+        text = environment().get_template("report.html.j2").render(context)
     finally:
         if paused:
             gc.enable()
