@@ -60,6 +60,7 @@ from pathlib import Path
 
 from ..base import EnvironmentBuildError, SandboxError
 from ..environments import EnvironmentSpec
+from ..lifetime import run_checked
 from ..locks import file_lock
 from ..paths import cache_dir
 from ..reaper import owned_name
@@ -220,7 +221,8 @@ def _run_logged(argv: list[str], log_file: Path, *, timeout: float, what: str,
         fh.write(f"$ {' '.join(argv)}\n".encode())
         fh.flush()
         try:
-            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=stdin, timeout=timeout, env=env)
+            # debootstrap, apt and their children die with this process (issue 22).
+            proc = run_checked(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=stdin, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             raise EnvironmentBuildError(f"{what} timed out after {timeout:.0f}s (log: {log_file})") from None
         except OSError as exc:

@@ -1,0 +1,175 @@
+"""Crash safety: whatever patchgym starts dies with it, also on SIGKILL, and a build killed
+half-way is never reused nor removed under an orphan still writing into it (issue 22)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxes.environments import EnvironmentSpec, ensure_environment, ready_venv
+from sandboxes.lifetime import ORPHANED_EXIT, parent_checked, run_checked, setpriv_path
+from sandboxes.process import is_dead_or_exiting
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+pytestmark = pytest.mark.skipif(setpriv_path() is None, reason="setpriv (util-linux) is not installed")
+
+BUILDER = """
+import sys
+from sandboxes.environments import EnvironmentSpec, ensure_environment
+ensure_environment(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)))
+"""
+
+
+def _tag() -> str:
+    """A sleep length no other process on the host has in its command line."""
+    return f"{3000 + int.from_bytes(os.urandom(2), 'big')}.{os.getpid()}"
+
+
+def _alive(needle: str) -> list[int]:
+    """Live processes whose command line contains ``needle``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline and not is_dead_or_exiting(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def _gone_soon(needle: str, within: float = 15.0) -> bool:
+    """Whether every process with ``needle`` ends within ``within`` s (a bound on the kernel's
+    delivery of a death signal on a loaded host, not a measurement)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not _alive(needle):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, within: float = 120.0) -> None:
+    deadline = time.monotonic() + within
+    while not path.exists():
+        assert proc.poll() is None, f"the starter ended first ({proc.returncode}): {proc.stderr and proc.stderr.read()}"
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _start(code: str, *args: str, home: Path) -> subprocess.Popen:
+    env = {**os.environ, "PATCHGYM_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def test_a_child_whose_starter_died_before_it_was_tied_to_it_does_not_run(tmp_path):
+    """The fork -> prctl window: the child finds it is no longer its starter's, and exits 125."""
+    flag = tmp_path / "ran"
+    proc = subprocess.run(parent_checked(["touch", str(flag)], starter=1))  # pid 1 is not our parent
+    assert proc.returncode == ORPHANED_EXIT and not flag.exists()
+    proc = subprocess.run(parent_checked(["sh", "-c", f"touch {flag}; exit 3"]))
+    assert proc.returncode == 3 and flag.exists()
+
+
+def test_a_build_step_and_what_it_left_in_the_background_are_killed_on_timeout():
+    tag = _tag()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_checked(["sh", "-c", f"sleep {tag} & sleep {tag}"], timeout=1)
+    assert _gone_soon(tag)
+    proc = run_checked(["sh", "-c", "read line; echo \"got $line\"; exit 4"], input=b"x\n",
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert (proc.returncode, proc.stdout) == (4, b"got x\n")
+
+
+def test_sigkilling_a_build_kills_its_installers(tmp_path, monkeypatch):
+    """SIGKILL the process that builds an environment while its step (and a child of that step)
+    runs: nothing it started is alive a moment later."""
+    home, started, tag = tmp_path / "home", tmp_path / "started", _tag()
+    step = f"touch {started}; sleep {tag} & sleep {tag}"
+    builder = _start(BUILDER, PYTHON, step, home=home)
+    try:
+        _wait_for(started, builder)
+        assert len(_alive(tag)) >= 2
+    finally:
+        _kill(builder)
+    assert _gone_soon(tag), f"still running after the builder was killed: {_alive(tag)}"
+
+
+def test_sigkilling_a_sandbox_starter_ends_the_sandbox(tmp_path, calc_repo):
+    """A local sandbox (bubblewrap, its init, a command left in the background) dies with the
+    process that made it."""
+    import json
+
+    from conftest import calc_task_row
+
+    repo, info = calc_repo
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(calc_task_row(repo, info)) + "\n")
+    tag = _tag()
+    code = f"""
+from gym_envs import load_tasks
+from tasks.backends import make_sandbox
+sandbox = make_sandbox(load_tasks({str(tasks)!r})[0], "local")
+sandbox.exec("sleep {tag}", timeout=900)
+"""
+    starter = _start(code, home=Path(os.environ["PATCHGYM_HOME"]))
+    try:
+        deadline = time.monotonic() + 120
+        while not _alive(tag):
+            assert starter.poll() is None, starter.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the sandbox's command never started"
+            time.sleep(0.1)
+    finally:
+        _kill(starter)
+    assert _gone_soon(tag), f"still running after the starter was killed: {_alive(tag)}"
+
+
+def test_a_half_built_environment_is_rebuilt_not_reused_nor_removed_under_an_orphan(tmp_path, monkeypatch):
+    """The issue's ``OSError: [Errno 39] Directory not empty: 'site-packages'``: a build is
+    SIGKILLed while something it started (here one that left its process group) still writes
+    into the venv; the next build must neither reuse that venv nor race the orphan removing it."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("PATCHGYM_HOME", str(home))
+    started, release, resumed = tmp_path / "started", tmp_path / "release", tmp_path / "resumed"
+    orphan = (f"setsid sh -c 'while [ ! -e {release} ]; do mkdir -p \"$VIRTUAL_ENV/lib/x/d$$\"; "
+              f"touch \"$VIRTUAL_ENV/lib/x/d$$/f$(date +%N)\"; done' </dev/null >/dev/null 2>&1 &")
+    step = f"[ -e {resumed} ] && exit 0; {orphan} touch {started}; sleep 600"
+    spec = EnvironmentSpec(python=PYTHON, pre_install=(step,))
+    builder = _start(BUILDER, PYTHON, step, home=home)
+    try:
+        _wait_for(started, builder)
+    finally:
+        _kill(builder)
+    [entry] = [p for p in (home / "envs").iterdir() if p.is_dir()]
+    assert ready_venv(entry) is None, "a killed build must not look complete"
+    # The orphan inherited the entry's lock: nobody may remove its attempt while it writes.
+    fd = os.open(entry.with_suffix(".lock"), os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    [half] = [p for p in entry.iterdir() if p.is_dir()]
+    resumed.touch()
+    release.touch()  # the orphan ends; the next build waits for that, then starts afresh
+    built = ensure_environment(spec)
+    assert built.venv.parent != half and (built.venv / "bin" / "python").exists()
+    assert ready_venv(entry) == built.venv
+    assert not half.exists(), "the dead attempt is removed once its builder is provably gone"
+    assert ensure_environment(spec).venv == built.venv  # and the complete one is reused
