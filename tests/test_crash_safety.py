@@ -173,3 +173,104 @@ def test_a_half_built_environment_is_rebuilt_not_reused_nor_removed_under_an_orp
     assert ready_venv(entry) == built.venv
     assert not half.exists(), "the dead attempt is removed once its builder is provably gone"
     assert ensure_environment(spec).venv == built.venv  # and the complete one is reused
+
+
+# -- Docker: builds coordinated through the engine --------------------------------------------------
+
+RUNTIME = """
+from sandboxes.docker.runtime import runtime_volume
+print(runtime_volume())
+"""
+
+
+@pytest.fixture
+def namespace(docker_base, monkeypatch):
+    """A fresh ``PATCHGYM_DOCKER_NAMESPACE``; what the test made in it is removed after it."""
+    from sandboxes.docker.build_mutex import BUILD_PREFIX
+    from sandboxes.docker.client import docker_client
+
+    ns = f"t{os.urandom(4).hex()}"
+    monkeypatch.setenv("PATCHGYM_DOCKER_NAMESPACE", ns)
+    yield ns
+    client = docker_client()
+    for container in client.containers.list(all=True, filters={"name": f"{BUILD_PREFIX}{ns}-"}):
+        container.remove(force=True)
+    for volume in client.volumes.list(filters={"name": f"patchgym-runtime-{ns}-"}):
+        volume.remove(force=True)
+
+
+def _runtime_names(ns: str) -> tuple[str, str]:
+    from sandboxes.docker.build_mutex import build_name
+    from sandboxes.docker.runtime import VOLUME_PREFIX, runtime_key
+
+    key = runtime_key()
+    return VOLUME_PREFIX + f"{ns}-" + key, build_name(f"runtime-{key}")
+
+
+def _server_in(volume: str) -> str:
+    from sandboxes.docker.client import docker_client
+    from sandboxes.docker.images import base_tag
+
+    return docker_client().containers.run(
+        base_tag(), ["sh", "-c", "test -x /v/pgserver && test -f /v/diff_helper.py && ls /v"], remove=True,
+        network_mode="none", volumes={volume: {"bind": "/v", "mode": "ro"}}).decode()
+
+
+def test_two_homes_racing_on_a_fresh_engine_build_the_runtime_once(tmp_path, namespace):
+    """Two processes with different homes (no file lock in common) ask for the runtime volume at
+    once: both get it whole, and no build container is left."""
+    from sandboxes.docker.client import docker_client
+
+    volume, build = _runtime_names(namespace)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    racers = [subprocess.Popen([sys.executable, "-c", RUNTIME], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env={**env, "PATCHGYM_HOME": str(tmp_path / f"home{i}")})
+              for i in range(2)]
+    outputs = [racer.communicate(timeout=600) for racer in racers]
+    assert [r.returncode for r in racers] == [0, 0], [o[1].decode()[-2000:] for o in outputs]
+    assert {o[0].decode().strip() for o in outputs} == {volume}
+    assert "pgserver" in _server_in(volume)
+    assert not docker_client().containers.list(all=True, filters={"name": build})
+
+
+def test_a_dead_builders_container_and_half_filled_volume_are_taken_over(namespace):
+    """A builder SIGKILLed mid-build leaves its build container (the mutex) and a volume without
+    its completion marker: the next builder removes the container, since its owner is provably
+    gone, and fills the volume again in place."""
+    from sandboxes.docker.build_mutex import STARTED_LABEL
+    from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client
+    from sandboxes.docker.images import base_tag
+    from sandboxes.docker.runtime import runtime_volume
+
+    volume, build = _runtime_names(namespace)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    client = docker_client()
+    client.volumes.create(name=volume)  # half-filled: exists, no marker
+    client.containers.create(base_tag(), ["sleep", "infinity"], name=build, labels={
+        MANAGED_LABEL: "1", KIND_LABEL: "build", OWNER_LABEL: f"{os.uname().nodename}:{dead.pid}",
+        STARTED_LABEL: "1"}).start()
+    assert runtime_volume() == volume
+    assert "pgserver" in _server_in(volume)
+    assert not client.containers.list(all=True, filters={"name": build})
+
+
+def test_a_build_held_by_a_live_owner_is_waited_for_not_taken(namespace):
+    from sandboxes import EnvironmentBuildError
+    from sandboxes.docker.build_mutex import build_name, claim, owner_labels
+    from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, docker_client
+    from sandboxes.docker.images import base_tag
+
+    client = docker_client()
+
+    def create(name: str):
+        return client.containers.create(base_tag(), ["true"], name=name,
+                                        labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()})
+
+    held = claim(build_name("held"), create)
+    try:
+        with pytest.raises(EnvironmentBuildError, match="still held by"):
+            claim(build_name("held"), create, poll=0.1, timeout=0.5)
+    finally:
+        held.remove(force=True)
+    claim(build_name("held"), create).remove(force=True)  # free again once released
