@@ -305,18 +305,47 @@ def ready_venv(root: Path) -> Path | None:
     return venv if venv.is_dir() else None
 
 
-def remove_attempts(root: Path) -> None:
-    """Remove what unfinished builds of the entry ``root`` left (the caller holds its lock, so
-    their builders are gone). Best effort: whatever cannot be removed stays, unused, for
-    ``sandboxes gc``; a new attempt never shares a directory with an old one."""
+def remove_attempts(root: Path) -> int:
+    """Remove what unfinished builds of the entry ``root`` left, keeping the complete one (the
+    caller holds its lock, so their builders are gone); return how many. Best effort: whatever
+    cannot be removed stays, unused, for ``sandboxes gc``; a new attempt never shares a
+    directory with an old one."""
     if not root.is_dir():
-        return
+        return 0
+    venv = ready_venv(root)
+    keep = {"ready.json", venv.parent.name if venv is not None else ""}
+    removed = 0
     for child in root.iterdir():
-        if child.name != "ready.json":
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)
+        if child.name in keep:
+            continue
+        removed += 1
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    return removed
+
+
+def reap_attempts() -> int:
+    """Remove the attempts of environment builds that are over, whatever their home's other
+    processes do: an entry is swept only while its lock is free (no builder, and no orphan of one
+    holding the lock it inherited); return how many were removed."""
+    import fcntl
+
+    removed = 0
+    for root in cache_dir("envs").iterdir():
+        if not root.is_dir():
+            continue
+        fd = os.open(root.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # being built
+            removed += remove_attempts(root)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def install_packages(venv: Path, packages: tuple[str, ...], log_file: Path, *, cwd: Path,

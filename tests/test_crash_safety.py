@@ -274,3 +274,21 @@ def test_a_build_held_by_a_live_owner_is_waited_for_not_taken(namespace):
     finally:
         held.remove(force=True)
     claim(build_name("held"), create).remove(force=True)  # free again once released
+
+
+def test_gc_removes_unfinished_attempts_only_while_nobody_builds(tmp_path, monkeypatch):
+    import json
+
+    from sandboxes.environments import reap_attempts
+    from sandboxes.locks import file_lock
+
+    monkeypatch.setenv("PATCHGYM_HOME", str(tmp_path / "home"))
+    root = tmp_path / "home" / "envs" / "0123456789abcdef"
+    (root / "attempt-1-aa" / "venv").mkdir(parents=True)
+    (root / "attempt-2-bb" / "venv" / "lib").mkdir(parents=True)
+    (root / "ready.json").write_text(json.dumps({"attempt": "attempt-1-aa"}))
+    with file_lock(root.with_suffix(".lock")):  # a build (or its orphan) holds the entry
+        assert reap_attempts() == 0 and (root / "attempt-2-bb").exists()
+    assert reap_attempts() == 1
+    assert sorted(p.name for p in root.iterdir()) == ["attempt-1-aa", "ready.json"]
+    assert ready_venv(root) == root / "attempt-1-aa" / "venv"
