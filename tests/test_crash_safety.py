@@ -111,9 +111,10 @@ def test_sigkilling_a_build_kills_its_installers(tmp_path, monkeypatch):
     assert _gone_soon(tag), f"still running after the builder was killed: {_alive(tag)}"
 
 
-def test_sigkilling_a_sandbox_starter_ends_the_sandbox(tmp_path, calc_repo):
-    """A local sandbox (bubblewrap, its init, a command left in the background) dies with the
-    process that made it."""
+@pytest.mark.parametrize("isolation", ["auto", "none"])
+def test_sigkilling_a_sandbox_starter_ends_the_sandbox(isolation, tmp_path, calc_repo):
+    """A local sandbox (bubblewrap and its init, or a plain command without them) and the command
+    it runs die with the process that made it."""
     import json
 
     from conftest import calc_task_row
@@ -125,7 +126,7 @@ def test_sigkilling_a_sandbox_starter_ends_the_sandbox(tmp_path, calc_repo):
     code = f"""
 from gym_envs import load_tasks
 from tasks.backends import make_sandbox
-sandbox = make_sandbox(load_tasks({str(tasks)!r})[0], "local")
+sandbox = make_sandbox(load_tasks({str(tasks)!r})[0], "local", isolation={isolation!r})
 sandbox.exec("sleep {tag}", timeout=900)
 """
     starter = _start(code, home=Path(os.environ["PATCHGYM_HOME"]))
