@@ -313,7 +313,9 @@ def remove_attempts(root: Path) -> int:
     if not root.is_dir():
         return 0
     venv = ready_venv(root)
-    keep = {"ready.json", venv.parent.name if venv is not None else ""}
+    keep = {"ready.json"}
+    if venv is not None:  # the complete attempt, or an entry of the layout before attempts
+        keep |= {venv.relative_to(root).parts[0]} | ({"build.log"} if venv == root / "venv" else set())
     removed = 0
     for child in root.iterdir():
         if child.name in keep:

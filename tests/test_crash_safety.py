@@ -293,3 +293,14 @@ def test_gc_removes_unfinished_attempts_only_while_nobody_builds(tmp_path, monke
     assert reap_attempts() == 1
     assert sorted(p.name for p in root.iterdir()) == ["attempt-1-aa", "ready.json"]
     assert ready_venv(root) == root / "attempt-1-aa" / "venv"
+
+
+def test_gc_keeps_an_environment_of_the_layout_before_attempts(tmp_path, monkeypatch):
+    from sandboxes.environments import reap_attempts
+
+    monkeypatch.setenv("PATCHGYM_HOME", str(tmp_path / "home"))
+    root = tmp_path / "home" / "envs" / "fedcba9876543210"
+    (root / "venv" / "bin").mkdir(parents=True)
+    (root / "build.log").write_text("")
+    (root / "ready.json").write_text("{}")
+    assert reap_attempts() == 0 and ready_venv(root) == root / "venv"

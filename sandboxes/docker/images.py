@@ -552,9 +552,15 @@ class _BuildContainer:
         self.api = _build_client().api
 
         def create(name: str):
-            return _build_client().containers.run(
-                image, ["sleep", "infinity"], detach=True, network_mode="bridge", working_dir="/",
+            container = _build_client().containers.create(
+                image, ["sleep", "infinity"], network_mode="bridge", working_dir="/",
                 labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()}, name=name)
+            try:
+                container.start()
+            except BaseException:
+                remove_container(container)  # a name held by nobody would stall every other builder
+                raise
+            return container
 
         try:
             self.container = claim(build_name(key), create) if key else create(build_name(uuid.uuid4().hex[:12]))
