@@ -132,7 +132,7 @@ def _owned(root: Path, pids: set[int]) -> list[str]:
     return [str(p) for p in root.iterdir() if p.name.removeprefix("sb-").split("-", 1)[0] in {str(i) for i in pids}]
 
 
-def _leftovers(home: Path, killed: set[int], backend: str) -> dict[str, list[str]]:
+def _leftovers(home: Path, killed: set[int], backend: str, namespace: str) -> dict[str, list[str]]:
     from sandboxes.limits import CGROUP_PARENT, CGROUP_ROOT
 
     spared = {os.getpid(), os.getppid()}
@@ -145,7 +145,8 @@ def _leftovers(home: Path, killed: set[int], backend: str) -> dict[str, list[str
     found["cgroups"] = cgroups
     found["directories"] = [p for kind in ("sandboxes", "builds", "etc") for p in _owned(home / kind, killed)]
     if backend == "docker":
-        from sandboxes.docker.build_mutex import build_name
+        from sandboxes.docker.build_mutex import BUILD_PREFIX
+        from sandboxes.docker.build_mutex import namespace as name_part
         from sandboxes.docker.client import MANAGED_LABEL, OWNER_LABEL, docker_client
 
         client = docker_client()
@@ -153,7 +154,7 @@ def _leftovers(home: Path, killed: set[int], backend: str) -> dict[str, list[str
         owners = {f"{host}:{pid}" for pid in killed}
         containers = client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=1"}, ignore_removed=True)
         found["containers"] = [f"{c.name} ({c.labels.get(OWNER_LABEL)})" for c in containers
-                               if c.labels.get(OWNER_LABEL) in owners or c.name.startswith(build_name(""))]
+                               if c.labels.get(OWNER_LABEL) in owners or c.name.startswith(BUILD_PREFIX + name_part(namespace))]
         found["volumes"] = [v.name for v in client.volumes.list(filters={"dangling": True})
                             if (v.attrs.get("Labels") or {}).get(MANAGED_LABEL) == "1"
                             and not v.name.startswith("patchgym-runtime-")]
@@ -202,7 +203,7 @@ def chaos(*, command: str, backend: str, rounds: int, max_delay: float, seed: in
     # remains at the end, not how fast it went.
     deadline = time.monotonic() + SETTLE
     while True:
-        outcome.leftovers = _leftovers(home, killed, backend)
+        outcome.leftovers = _leftovers(home, killed, backend, env["PATCHGYM_DOCKER_NAMESPACE"])
         if not any(outcome.leftovers.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)

@@ -6,6 +6,8 @@ see docs/crash_safety.md."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from sandboxes.lifetime import setpriv_path
@@ -19,11 +21,13 @@ def test_killed_local_runs_complete_clean_and_leave_nothing(command, calc_tasks_
     outcome = chaos(command=command, backend="local", rounds=2, max_delay=8.0, min_delay=1.0, seed=22,
                     work=tmp_path, tasks=calc_tasks_file, workers=1, timeout=600)
     assert outcome.ok, outcome
+    assert any("killed" in r for r in outcome.rounds), outcome.rounds
 
 
 def test_a_killed_docker_eval_completes_clean_and_leaves_nothing(docker_base, calc_tasks_file, tmp_path,
                                                                  monkeypatch):
-    monkeypatch.setenv("PATCHGYM_DOCKER_NAMESPACE", f"chaos-{tmp_path.name}"[:40])
-    outcome = chaos(command="eval", backend="docker", rounds=1, max_delay=6.0, min_delay=1.0, seed=22,
+    monkeypatch.setenv("PATCHGYM_DOCKER_NAMESPACE", f"chaos-{os.urandom(4).hex()}")
+    outcome = chaos(command="eval", backend="docker", rounds=2, max_delay=3.0, min_delay=0.5, seed=22,
                     work=tmp_path, tasks=calc_tasks_file, workers=1, timeout=600)
     assert outcome.ok, outcome
+    assert any("killed" in r for r in outcome.rounds), outcome.rounds

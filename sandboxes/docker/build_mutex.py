@@ -29,9 +29,9 @@ BUILD_PREFIX = "patchgym-build-"
 CLAIM_TIMEOUT = 3 * 3600.0  # the longest a build may hold a name this process waits for
 
 
-def namespace() -> str:
-    """``$PATCHGYM_DOCKER_NAMESPACE`` as a name part (``""`` by default)."""
-    raw = os.environ.get("PATCHGYM_DOCKER_NAMESPACE", "").strip().lower()
+def namespace(raw: str | None = None) -> str:
+    """``$PATCHGYM_DOCKER_NAMESPACE`` (or ``raw``) as a name part (``""`` by default)."""
+    raw = (os.environ.get("PATCHGYM_DOCKER_NAMESPACE", "") if raw is None else raw).strip().lower()
     cleaned = re.sub(r"[^a-z0-9_.-]+", "-", raw).strip("-.")
     return f"{cleaned}-" if cleaned else ""
 
