@@ -171,6 +171,7 @@ def chaos(*, command: str, backend: str, rounds: int, max_delay: float, seed: in
     home = (home or work / "home").resolve()
     out = work / "out"
     env = {**os.environ, "PATCHGYM_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    own_namespace = "PATCHGYM_DOCKER_NAMESPACE" not in env
     env.setdefault("PATCHGYM_DOCKER_NAMESPACE", f"chaos-{seed}")
     rng = random.Random(seed)
     outcome = Outcome()
@@ -207,6 +208,14 @@ def chaos(*, command: str, backend: str, rounds: int, max_delay: float, seed: in
         if not any(outcome.leftovers.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
+    if backend == "docker" and own_namespace:  # the runtime volume of the namespace made for the run
+        from sandboxes.docker.build_mutex import namespace as name_part
+        from sandboxes.docker.client import docker_client
+
+        prefix = "patchgym-runtime-" + name_part(env["PATCHGYM_DOCKER_NAMESPACE"])
+        for volume in docker_client().volumes.list(filters={"name": prefix}):
+            if volume.name.startswith(prefix):
+                volume.remove(force=True)
     return outcome
 
 

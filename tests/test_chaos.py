@@ -26,8 +26,15 @@ def test_killed_local_runs_complete_clean_and_leave_nothing(command, calc_tasks_
 
 def test_a_killed_docker_eval_completes_clean_and_leaves_nothing(docker_base, calc_tasks_file, tmp_path,
                                                                  monkeypatch):
-    monkeypatch.setenv("PATCHGYM_DOCKER_NAMESPACE", f"chaos-{os.urandom(4).hex()}")
-    outcome = chaos(command="eval", backend="docker", rounds=2, max_delay=3.0, min_delay=0.5, seed=22,
-                    work=tmp_path, tasks=calc_tasks_file, workers=1, timeout=600)
+    from sandboxes.docker.client import docker_client
+
+    namespace = f"chaos-{os.urandom(4).hex()}"
+    monkeypatch.setenv("PATCHGYM_DOCKER_NAMESPACE", namespace)
+    try:
+        outcome = chaos(command="eval", backend="docker", rounds=2, max_delay=3.0, min_delay=0.5, seed=22,
+                        work=tmp_path, tasks=calc_tasks_file, workers=1, timeout=600)
+    finally:  # the runtime volume (and its marker) this namespace made
+        for volume in docker_client().volumes.list(filters={"name": f"patchgym-runtime-{namespace}-"}):
+            volume.remove(force=True)
     assert outcome.ok, outcome
     assert any("killed" in r for r in outcome.rounds), outcome.rounds
