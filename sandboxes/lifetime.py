@@ -15,18 +15,22 @@ as a supervisor with SIGTERM as its death signal, which it answers by SIGKILLing
 group: installers and builds fork compilers and build backends that a death signal to the direct
 child would not reach.
 
-The death signal follows the *thread* that started the child (a kernel rule): start long-lived
-children from threads that live as long as they must (the main thread, a pool's workers), as
-bubblewrap's own ``--die-with-parent`` already requires.
+The death signal follows the *thread* that started the child (a kernel rule), not its process: a
+sandbox made in a worker thread that ends (a server's request thread) would die with that thread.
+Children that outlive the call that starts them are therefore started by :func:`spawn`, from one
+thread that lives as long as the process; :func:`run_checked` waits for its child in the calling
+thread, which cannot end first.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import signal
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from functools import cache
 
 ORPHANED_EXIT = 125  # the starter was gone before the child could tie itself to it
@@ -87,3 +91,39 @@ def run_checked(argv: Sequence[str], *, timeout: float | None = None, input: byt
     finally:
         kill_group(proc.pid)
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+_spawner_lock = threading.Lock()
+_spawner: tuple[int, queue.SimpleQueue] | None = None  # (pid it belongs to, its requests)
+
+
+def _serve(requests: queue.SimpleQueue) -> None:
+    while True:
+        start, answer = requests.get()
+        try:
+            answer.put((True, start()))
+        except BaseException as exc:  # handed to the caller
+            answer.put((False, exc))
+
+
+def _requests() -> queue.SimpleQueue:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # none yet, or inherited through a fork
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(requests,), name="patchgym-spawner", daemon=True).start()
+            _spawner = (os.getpid(), requests)
+        return _spawner[1]
+
+
+def spawn(argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(parent_checked(argv), **popen_kwargs)`` for a child that outlives the
+    call (a sandbox's init): started from a thread that lives as long as this process, so that
+    the child dies with the process, not with the thread that asked for it."""
+    start: Callable[[], subprocess.Popen] = lambda: subprocess.Popen(parent_checked(argv), **popen_kwargs)  # noqa: E731
+    answer: queue.SimpleQueue = queue.SimpleQueue()
+    _requests().put((start, answer))
+    ok, result = answer.get()
+    if not ok:
+        raise result
+    return result

@@ -304,3 +304,30 @@ def test_gc_keeps_an_environment_of_the_layout_before_attempts(tmp_path, monkeyp
     (root / "build.log").write_text("")
     (root / "ready.json").write_text("{}")
     assert reap_attempts() == 0 and ready_venv(root) == root / "venv"
+
+
+def test_a_sandbox_made_in_a_thread_that_ends_lives_on(tmp_path, calc_repo):
+    """The death signal follows the thread that started a child: a sandbox made in a worker thread
+    (a server's request thread) must not die when that thread ends, only with the process."""
+    import json
+    import threading
+
+    from conftest import calc_task_row
+
+    from gym_envs import load_tasks
+    from tasks.backends import make_sandbox
+
+    repo, info = calc_repo
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text(json.dumps(calc_task_row(repo, info)) + "\n")
+    made: list = []
+    worker = threading.Thread(target=lambda: made.append(make_sandbox(load_tasks(tasks)[0], "local")))
+    worker.start()
+    worker.join()
+    [sandbox] = made
+    try:
+        time.sleep(0.2)  # (the thread's exit is done by now; a wrongly tied sandbox died with it)
+        result = sandbox.exec("echo alive", timeout=60)
+        assert (result.exit_code, result.output) == (0, "alive\n")
+    finally:
+        sandbox.close()
