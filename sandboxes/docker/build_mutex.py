@@ -85,8 +85,7 @@ def claim(name: str, create: Callable[[str], object], *, poll: float = 0.5,
             holder = docker_client().containers.get(name)
         except docker.errors.NotFound:
             continue  # released meanwhile
-        if owner_gone(holder.labels or {}):
-            remove_container(holder)
+        if owner_gone(holder.labels or {}) and remove_container(holder):
             continue
         if time.monotonic() > deadline:
             raise EnvironmentBuildError(f"{name} is still held by {holder.labels.get(OWNER_LABEL)!r} "
