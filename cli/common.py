@@ -134,9 +134,10 @@ def make_verifier(backend: str, isolation: str, ray_address: str | None = None, 
     return grader
 
 
-def reap(*, docker: bool, every_owner: bool = False) -> dict[str, int]:
+def reap(*, docker: bool, every_owner: bool = False, kept: list[str] | None = None) -> dict[str, int]:
     """Remove what dead processes left: local sandboxes and cgroups, and patchgym's containers
-    (with ``every_owner``, also those of live processes and of other hosts sharing the engine)."""
+    (with ``every_owner``, also those of live processes and of other hosts sharing the engine);
+    ``kept`` receives the containers left, and why."""
     from sandboxes import SandboxError, reap_stale
 
     removed = {"local": reap_stale(), "docker": 0}
@@ -144,7 +145,8 @@ def reap(*, docker: bool, every_owner: bool = False) -> dict[str, int]:
         from sandboxes.docker import gc_containers
 
         try:
-            removed["docker"] = len(gc_containers(include_live_owners=every_owner, other_hosts=every_owner))
+            removed["docker"] = len(gc_containers(include_live_owners=every_owner, other_hosts=every_owner,
+                                                      kept=kept))
         except SandboxError as exc:
             fail(str(exc))
     return removed

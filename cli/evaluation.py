@@ -32,6 +32,7 @@ from cli.common import (
     out,
     prices,
     progress_bar,
+    reap,
 )
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ def run(
                                                                          ray_sandbox=ray_sandbox)},
                          input_per_mtok=price_in, output_per_mtok=price_out,
                          prices=prices(price_core_hour, price_gb_hour))
+    reap(docker=backend == "docker")  # what killed runs left (docs/crash_safety.md), as eval does
     with progress_bar() as progress:
         bar = progress.add_task(model, total=len(task_set), status="")
 

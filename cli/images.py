@@ -178,5 +178,8 @@ def gc(
     alone unless --all: this host cannot tell whether their owners still run."""
     from sandboxes.docker import docker_available
 
-    removed = reap(docker=docker and docker_available(), every_owner=every_owner)
+    kept: list[str] = []
+    removed = reap(docker=docker and docker_available(), every_owner=every_owner, kept=kept)
     out.print(f"removed {removed['local']} local leftovers and {removed['docker']} containers")
+    for line in kept:
+        out.print(f"left {line}", highlight=False)

@@ -1,9 +1,11 @@
 """Removing everything dead processes left behind, in the order that works: their cgroups first
-(so their processes die), then their directories (unmounting what is still mounted). Apart from
+(so their processes die), then their directories (unmounting what is still mounted), then the
+unfinished attempts of environment builds nobody builds any more. Apart from
 :mod:`.reaper`, which only names and finds leftovers, because the cgroup code uses those names."""
 
 from __future__ import annotations
 
+from sandboxes.environments import reap_attempts
 from sandboxes.limits import reap_stale_cgroups
 from sandboxes.mounts import remove_tree
 from sandboxes.paths import cache_dir
@@ -16,4 +18,4 @@ def reap_stale() -> int:
     for kind in OWNED_DIRS:
         for child in stale_children(cache_dir(kind)):
             removed += remove_tree(child)
-    return removed
+    return removed + reap_attempts()

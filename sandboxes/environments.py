@@ -27,8 +27,10 @@ from packaging.version import Version
 
 from .base import EnvironmentBuildError
 from .installer import installer_choice, uv_executable, uv_install_argv
+from .lifetime import run_checked
 from .locks import file_lock
 from .paths import cache_dir
+from .reaper import owned_name
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +172,8 @@ def _uv_python_install(constraint: str) -> str | None:
     if os.environ.get("UV_PYTHON_DOWNLOADS", "").lower() in ("never", "manual"):
         return f"UV_PYTHON_DOWNLOADS={os.environ['UV_PYTHON_DOWNLOADS']}: not downloading one with uv"
     try:
-        proc = subprocess.run([uv, "python", "install", constraint], capture_output=True, text=True, timeout=300,
-                              stdin=subprocess.DEVNULL)
+        proc = run_checked([uv, "python", "install", constraint], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=300, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"uv python install failed: {exc}"
     if proc.returncode != 0:
@@ -235,47 +237,121 @@ def ensure_environment(
     interpreter = find_interpreter(spec)
     key = environment_key(spec, interpreter, checkout_id)
     root = cache_dir("envs") / key
-    venv = root / "venv"
-    ready = root / "ready.json"
-    mounts = (Path(interpreter.base_prefix), venv)
     masked = tuple(Path(d) for d in interpreter.site_packages)
-    built = BuiltEnvironment(key, venv, interpreter, mounts, masked)
-    if ready.exists():
-        return built
-    with file_lock(root.with_suffix(".lock")):
-        if ready.exists():
-            return built
-        if root.exists():
-            shutil.rmtree(root)
-        root.mkdir(parents=True)
-        log_file = root / "build.log"
+
+    def built_at(venv: Path) -> BuiltEnvironment:
+        return BuiltEnvironment(key, venv, interpreter, (Path(interpreter.base_prefix), venv), masked)
+
+    venv = ready_venv(root)
+    if venv is not None:
+        return built_at(venv)
+    with file_lock(root.with_suffix(".lock")) as lock_fd:
+        venv = ready_venv(root)
+        if venv is not None:
+            return built_at(venv)
+        # Holding the lock proves every earlier builder gone: its processes inherit the lock's
+        # descriptor, so an orphan still writing into its attempt keeps the lock held.
+        remove_attempts(root)
+        attempt = root / f"{ATTEMPT_PREFIX}{owned_name(os.urandom(4).hex())}"
+        attempt.mkdir(parents=True)
+        built = built_at(attempt / "venv")
+        log_file = attempt / "build.log"
         started = time.monotonic()
         log.info("building environment %s (python %s)", key, interpreter.version)
+        fds = (lock_fd,)
         try:
-            run_logged([interpreter.executable, "-m", "venv", str(venv)], log_file, cwd=root)
-            env = venv_environ(venv)
+            run_logged([interpreter.executable, "-m", "venv", str(built.venv)], log_file, cwd=attempt, pass_fds=fds)
+            env = venv_environ(built.venv)
             for command in spec.pre_install:
-                run_logged(["bash", "-c", command], log_file, cwd=checkout or root, env=env)
-            installer = install_packages(venv, spec.packages, log_file, cwd=root, env=env) if spec.packages else None
+                run_logged(["bash", "-c", command], log_file, cwd=checkout or attempt, env=env, pass_fds=fds)
+            installer = (install_packages(built.venv, spec.packages, log_file, cwd=attempt, env=env, pass_fds=fds)
+                         if spec.packages else None)
             for command in spec.install:
                 if checkout is None:
                     raise EnvironmentBuildError("install steps need a repository checkout")
                 if run_install is not None:
                     run_install(command, built, log_file)
                 else:
-                    run_logged(["bash", "-c", command], log_file, cwd=checkout, env=env)
+                    run_logged(["bash", "-c", command], log_file, cwd=checkout, env=env, pass_fds=fds)
         except EnvironmentBuildError:
             raise
         except Exception as exc:  # pragma: no cover - unexpected OS errors
             raise EnvironmentBuildError(f"environment {key} failed to build: {exc}") from exc
-        ready.write_text(json.dumps({"spec": asdict(spec), "python": interpreter.version, "installer": installer,
-                                     "seconds": round(time.monotonic() - started, 2)}))
+        # Complete only now: ready.json names the attempt, written whole by a rename.
+        record = {"attempt": attempt.name, "spec": asdict(spec), "python": interpreter.version,
+                  "installer": installer, "seconds": round(time.monotonic() - started, 2)}
+        staged = attempt / "ready.json.tmp"
+        staged.write_text(json.dumps(record))
+        os.rename(staged, root / "ready.json")
         log.info("environment %s built in %.1fs", key, time.monotonic() - started)
     return built
 
 
+ATTEMPT_PREFIX = "attempt-"
+
+
+def ready_venv(root: Path) -> Path | None:
+    """The venv of the complete build of the entry ``root``, or None while there is none.
+
+    A venv cannot be moved once made (its scripts name its path), so each build is an *attempt*
+    directory of its own, and ``ready.json`` (renamed into place last) names the one that finished.
+    Entries made before attempts existed have their venv at ``root/venv``."""
+    try:
+        record = json.loads((root / "ready.json").read_text())
+    except (OSError, ValueError):
+        return None
+    attempt = record.get("attempt") if isinstance(record, dict) else None
+    venv = root / attempt / "venv" if attempt else root / "venv"
+    return venv if venv.is_dir() else None
+
+
+def remove_attempts(root: Path) -> int:
+    """Remove what unfinished builds of the entry ``root`` left, keeping the complete one (the
+    caller holds its lock, so their builders are gone); return how many. Best effort: whatever
+    cannot be removed stays, unused, for ``sandboxes gc``; a new attempt never shares a
+    directory with an old one."""
+    if not root.is_dir():
+        return 0
+    venv = ready_venv(root)
+    keep = {"ready.json"}
+    if venv is not None:  # the complete attempt, or an entry of the layout before attempts
+        keep |= {venv.relative_to(root).parts[0]} | ({"build.log"} if venv == root / "venv" else set())
+    removed = 0
+    for child in root.iterdir():
+        if child.name in keep:
+            continue
+        removed += 1
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    return removed
+
+
+def reap_attempts() -> int:
+    """Remove the attempts of environment builds that are over, whatever their home's other
+    processes do: an entry is swept only while its lock is free (no builder, and no orphan of one
+    holding the lock it inherited); return how many were removed."""
+    import fcntl
+
+    removed = 0
+    for root in cache_dir("envs").iterdir():
+        if not root.is_dir():
+            continue
+        fd = os.open(root.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # being built
+            removed += remove_attempts(root)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def install_packages(venv: Path, packages: tuple[str, ...], log_file: Path, *, cwd: Path,
-                     env: dict[str, str]) -> str:
+                     env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> str:
     """pip-install ``packages`` into ``venv``, with uv when it is there (:mod:`sandboxes.installer`),
     falling back to pip if uv fails; return the installer that succeeded."""
     python = str(venv / "bin" / "python")
@@ -286,7 +362,7 @@ def install_packages(venv: Path, packages: tuple[str, ...], log_file: Path, *, c
     if uv is not None:
         argv, uv_env = uv_install_argv(uv, python, packages, env)
         try:
-            run_logged(argv, log_file, cwd=cwd, env=uv_env)
+            run_logged(argv, log_file, cwd=cwd, env=uv_env, pass_fds=pass_fds)
             return "uv"
         except EnvironmentBuildError:
             if choice == "uv":
@@ -294,7 +370,7 @@ def install_packages(venv: Path, packages: tuple[str, ...], log_file: Path, *, c
             with log_file.open("a") as fh:
                 fh.write("# uv failed: installing the same packages with pip\n")
     run_logged([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *packages],
-               log_file, cwd=cwd, env=env)
+               log_file, cwd=cwd, env=env, pass_fds=pass_fds)
     return "pip"
 
 
@@ -307,13 +383,16 @@ def venv_environ(venv: Path) -> dict[str, str]:
     return env
 
 
-def run_logged(argv: list[str], log_file: Path, *, cwd: Path, env: dict[str, str] | None = None) -> None:
+def run_logged(argv: list[str], log_file: Path, *, cwd: Path, env: dict[str, str] | None = None,
+               pass_fds: tuple[int, ...] = ()) -> None:
+    """Run one build step into ``log_file``; it and everything it starts die with this process
+    (:func:`~sandboxes.lifetime.run_checked`), and inherit ``pass_fds`` (the entry's lock)."""
     with log_file.open("ab") as fh:
         fh.write(f"$ {' '.join(argv)}\n".encode())
         fh.flush()
         try:
-            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  cwd=cwd, env=env, timeout=BUILD_TIMEOUT)
+            proc = run_checked(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               cwd=cwd, env=env, timeout=BUILD_TIMEOUT, pass_fds=pass_fds)
         except subprocess.TimeoutExpired:
             raise EnvironmentBuildError(f"environment step timed out: {' '.join(argv)}") from None
     if proc.returncode != 0:

@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .base import SandboxError
+from .lifetime import spawn
 from .paths import cache_dir
 
 RUNTIME_MODULES = ("base.py", "files.py", "output.py", "process.py")  # what sandbox_init imports as pgrt
@@ -54,8 +55,10 @@ class InitProcess:
     start."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=env, start_new_session=True)
+        # SIGKILLed with this process, whichever thread makes the sandbox (bubblewrap's
+        # --die-with-parent alone leaves a window open before it runs).
+        self.proc = spawn(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                          start_new_session=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._in = self.proc.stdin.fileno()
         self._out = self.proc.stdout.fileno()

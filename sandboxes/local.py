@@ -31,6 +31,7 @@ from .files import read_regular, resolve_in_workspace, write_regular
 from .gitops import Pristine, workspace_diff
 from .init_process import InitProcess, init_interpreter, runtime_dir
 from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
+from .lifetime import parent_checked
 from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
 from .mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
 from .output import DEFAULT_OUTPUT_LIMIT
@@ -186,7 +187,9 @@ class LocalSandbox(ClosesItself):
                     limit: int) -> ExecResult:
         """Without bubblewrap: one launcher per command (cgroups and rlimits, no namespaces)."""
         try:
-            result = run_capped(launcher(self.limits, self._group) + ["bash", "-c", command], timeout=timeout,
+            # Dies with this process: no namespace ends it when a killed harness leaves it.
+            argv = parent_checked(launcher(self.limits, self._group) + ["bash", "-c", command])
+            result = run_capped(argv, timeout=timeout,
                                 output_limit=limit, cwd=cwd, env=self._command_env(env), kill_tree=self._kill_tree,
                                 watchdog=self._watchdog())
         except FileNotFoundError as exc:

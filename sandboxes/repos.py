@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .base import SandboxError
 from .gitops import EXCLUDES
+from .lifetime import run_checked
 from .locks import file_lock
 from .paths import cache_dir
 
@@ -31,8 +32,9 @@ GIT_IDENTITY = {
 def git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """Run a trusted git command (never on an agent-controlled repository)."""
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", **GIT_IDENTITY}
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=600)
+    # A clone or fetch dies with this process (never an orphan writing into a mirror).
+    proc = run_checked(["git", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       stdin=subprocess.DEVNULL, timeout=600)
     if check and proc.returncode != 0:
         raise SandboxError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
@@ -48,10 +50,24 @@ def _source_id(source: str) -> str:
     return hashlib.sha256(resolved.encode()).hexdigest()[:16]
 
 
+def _remove_leftovers(mirror: Path) -> None:
+    """What a killed clone or fetch of ``mirror`` left: its half-made clone and git's lock files
+    (the caller holds the mirror's lock, and git dies with whoever started it, so no git that
+    could own them is running)."""
+    for stale in mirror.parent.glob(f".{mirror.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if mirror.is_dir():
+        for name in ("HEAD.lock", "config.lock", "packed-refs.lock", "shallow.lock", "index.lock", "FETCH_HEAD.lock"):
+            (mirror / name).unlink(missing_ok=True)
+        for lock in (mirror / "refs").rglob("*.lock"):
+            lock.unlink(missing_ok=True)
+
+
 def _mirror(source: str, commit: str) -> Path:
     """A bare mirror of ``source`` that contains ``commit`` (cloned once, fetched when stale)."""
     mirror = cache_dir("mirrors") / f"{_source_id(source)}.git"
     with file_lock(mirror.with_suffix(".lock")):
+        _remove_leftovers(mirror)
         if not mirror.exists():
             tmp = mirror.with_name(f".{mirror.name}.{uuid.uuid4().hex[:8]}")
             git("clone", "--quiet", "--mirror", str(source), str(tmp))
@@ -73,6 +89,8 @@ def pristine_checkout(source: str, commit: str) -> Path:
     with file_lock(target.with_suffix(".lock")):
         if (target / ".git").is_dir():
             return target
+        for stale in target.parent.glob(f".{target.name}.*"):  # of a killed build (we hold its lock)
+            shutil.rmtree(stale, ignore_errors=True)
         mirror = _mirror(source, commit)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
         try:

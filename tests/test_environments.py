@@ -76,7 +76,7 @@ def test_environment_is_built_once_and_shared(calc_task):
     first = ensure_environment(spec)
     second = ensure_environment(spec)
     assert first.venv == second.venv and (first.venv / "bin" / "python").exists()
-    assert json.loads((first.venv.parent / "ready.json").read_text())["spec"]["packages"] == [PYTEST_PIN]
+    assert json.loads((first.venv.parent.parent / "ready.json").read_text())["spec"]["packages"] == [PYTEST_PIN]
 
 
 def test_install_steps_run_against_the_workspace_path(tmp_path, calc_repo):

@@ -456,8 +456,11 @@ def test_gc_leaves_other_hosts_alone_unless_all(docker, docker_base, monkeypatch
 
     foreign = _labelled(docker, docker_base, "some-other-host.invalid:1")[0]
     try:
-        assert foreign.id[:12] not in gc_containers()
+        left: list[str] = []
+        assert foreign.id[:12] not in gc_containers(kept=left)
         assert docker.containers.get(foreign.id)
+        assert any(line.startswith(f"{foreign.name}: owned by some-other-host.invalid:1, another host")
+                   for line in left), left  # gc says what it left, and why
         assert foreign.id[:12] in gc_containers(other_hosts=True)
     finally:
         _cleanup([foreign])
@@ -466,5 +469,5 @@ def test_gc_leaves_other_hosts_alone_unless_all(docker, docker_base, monkeypatch
     monkeypatch.setattr(sandboxes, "reap_stale", lambda: 0)  # the command imports it when it runs
     for args in (["sandboxes", "gc"], ["sandboxes", "gc", "--all"]):
         assert CliRunner().invoke(cli.app, args).exit_code == 0
-    assert calls == [{"include_live_owners": False, "other_hosts": False},
-                     {"include_live_owners": True, "other_hosts": True}]
+    assert calls == [{"include_live_owners": False, "other_hosts": False, "kept": []},
+                     {"include_live_owners": True, "other_hosts": True, "kept": []}]

@@ -149,5 +149,7 @@ def evaluate(
     summary.seconds = time.monotonic() - started
     summary.cost = summarize([reports[i].cost for i in summary.submitted_ids if reports[i].cost is not None],
                              verifier.prices)
-    (output / REPORT_FILE).write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
+    tmp = output / f".{REPORT_FILE}.{os.getpid()}.tmp"  # whole or absent, however the run ends
+    tmp.write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, output / REPORT_FILE)
     return summary

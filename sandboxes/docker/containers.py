@@ -129,7 +129,8 @@ removals = ThreadPoolExecutor(max_workers=4, thread_name_prefix="patchgym-docker
 atexit.register(removals.shutdown, wait=True)
 
 
-def gc_containers(*, include_live_owners: bool = False, other_hosts: bool = False) -> list[str]:
+def gc_containers(*, include_live_owners: bool = False, other_hosts: bool = False,
+                  kept: list[str] | None = None) -> list[str]:
     """Remove patchgym containers whose owning process is gone (found by label); return their ids.
 
     Only containers patchgym made itself are touched: labelled as a sandbox or a build container
@@ -138,6 +139,7 @@ def gc_containers(*, include_live_owners: bool = False, other_hosts: bool = Fals
     this host is kept unless ``include_live_owners``; one owned by another host sharing the engine
     is kept unless ``other_hosts`` (this host cannot tell whether its owner still lives). A
     container that vanishes while gc runs (another gc, auto-removal) is skipped, never an error.
+    ``kept``, when given, receives a line for each container left and why.
     """
     from ..reaper import is_alive
 
@@ -155,9 +157,13 @@ def gc_containers(*, include_live_owners: bool = False, other_hosts: bool = Fals
             continue
         owner_host, _, pid = owner.partition(":")
         if owner_host != host and not other_hosts:
+            if kept is not None:
+                kept.append(f"{container.name}: owned by {owner}, another host (--all removes it)")
             continue
         alive = owner_host == host and pid.isdigit() and is_alive(int(pid))
         if alive and not include_live_owners:
+            if kept is not None:
+                kept.append(f"{container.name}: owned by {owner}, which is running")
             continue
         if remove_container(container):
             removed.append(container.id[:12])

@@ -65,10 +65,12 @@ from pathlib import Path
 
 from ..base import EnvironmentBuildError, SandboxError
 from ..environments import EnvironmentSpec
+from ..lifetime import run_checked
 from ..locks import file_lock
 from ..paths import cache_dir
 from ..reaper import owned_name
 from ..repos import _source_id, pristine_checkout
+from .build_mutex import build_name, claim, owner_labels
 from .client import (
     DEFAULT_RELEASE,
     KIND_LABEL,
@@ -77,7 +79,6 @@ from .client import (
     TESTBED_BYTES_LABEL,
     TESTBED_FILES_LABEL,
     docker_client,
-    owner_id,
     remove_container,
 )
 
@@ -225,7 +226,8 @@ def _run_logged(argv: list[str], log_file: Path, *, timeout: float, what: str,
         fh.write(f"$ {' '.join(argv)}\n".encode())
         fh.flush()
         try:
-            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=stdin, timeout=timeout, env=env)
+            # debootstrap, apt and their children die with this process (issue 22).
+            proc = run_checked(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=stdin, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             raise EnvironmentBuildError(f"{what} timed out after {timeout:.0f}s (log: {log_file})") from None
         except OSError as exc:
@@ -546,19 +548,35 @@ def build_environ() -> dict[str, str]:
 class _BuildContainer:
     """A labelled, always-removed container in which build steps run one ``exec`` at a time."""
 
-    def __init__(self, image: str, log_file: Path, *, purpose: str) -> None:
+    def __init__(self, image: str, log_file: Path, *, purpose: str, key: str | None = None) -> None:
+        """``key`` names the container for the build (:func:`.build_mutex.claim`: one builder of
+        ``key`` on the engine at a time; check once it is made that the build is still needed)."""
         import docker.errors
 
         self.log_file = log_file
         self.api = _build_client().api
+
+        def create(name: str):
+            container = _build_client().containers.create(
+                image, ["sleep", "infinity"], network_mode="bridge", working_dir="/",
+                labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()}, name=name)
+            try:
+                container.start()
+            except BaseException:
+                remove_container(container)  # a name held by nobody would stall every other builder
+                raise
+            return container
+
         try:
-            self.container = _build_client().containers.run(
-                image, ["sleep", "infinity"], detach=True, network_mode="bridge", working_dir="/",
-                labels={MANAGED_LABEL: "1", KIND_LABEL: "build", OWNER_LABEL: owner_id()},
-                name=f"patchgym-build-{uuid.uuid4().hex[:12]}",
-            )
+            self.container = claim(build_name(key), create) if key else create(build_name(uuid.uuid4().hex[:12]))
         except docker.errors.DockerException as exc:
             raise EnvironmentBuildError(f"cannot start a build container for {purpose} from {image}: {exc}") from None
+        self.env: dict[str, str] = {}
+        if not key:
+            self.prepare()
+
+    def prepare(self) -> None:
+        """Pass the host's build variables in (logged); call once the build is known needed."""
         try:
             self.env = self._filtered_environ()
         except BaseException:
@@ -686,24 +704,27 @@ def environment_key(spec: EnvironmentSpec, base_id: str) -> str:
 
 
 @contextmanager
-def _build_once(tag: str, key: str, header: str, summary: str, progress: Progress) -> Iterator[Path | None]:
-    """Build ``tag`` at most once across threads and processes.
+def _build_once(tag: str, key: str, image: str, header: str, summary: str,
+                progress: Progress) -> Iterator[_BuildContainer | None]:
+    """Build ``tag`` at most once on the engine, from ``image``.
 
-    Yields None when the image exists (checked again under the build lock), else the log file to
-    build with; reports the start and the time taken.
-    """
+    Yields None when the image exists (checked again once this process holds the build's
+    container, the engine-wide mutex), else the build container to build it in; reports the start
+    and the time taken. An image is committed whole or not at all, so it is complete once tagged."""
     if _image(tag) is not None:
         yield None
         return
-    with file_lock(_lock_path(key)):
+    log_file = cache_dir("envs") / f"docker-{key}.log"
+    box = _BuildContainer(image, log_file, purpose=tag, key=key)
+    with box:
         if _image(tag) is not None:
             yield None
             return
-        log_file = cache_dir("envs") / f"docker-{key}.log"
         log_file.write_text(header)
+        box.prepare()
         started = time.monotonic()
         _report(progress, f"building {tag} ({summary})")
-        yield log_file
+        yield box
         _report(progress, f"built {tag} in {time.monotonic() - started:.0f}s")
 
 
@@ -716,24 +737,24 @@ def environment_image(spec: EnvironmentSpec, *, release: str | None = None, prog
     key = environment_key(spec, base.id)
     tag = f"{ENV_REPO}:{key}"
     summary = f"python {spec.python}; {', '.join(spec.packages) or 'no packages'}"
-    with _build_once(tag, key, f"# {tag} from {base_tag(release)} ({base.id})\n", summary, progress) as log_file:
-        if log_file is None:
+    with _build_once(tag, key, base.id, f"# {tag} from {base_tag(release)} ({base.id})\n", summary,
+                     progress) as box:
+        if box is None:
             return tag
-        with _BuildContainer(base.id, log_file, purpose=tag) as box:
-            _report(progress, f"creating {VENV}")
-            box.run(["python3", "-m", "venv", VENV], what="creating the venv")
+        _report(progress, f"creating {VENV}")
+        box.run(["python3", "-m", "venv", VENV], what="creating the venv")
+        box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                 "--upgrade", VENV_PIP], what="upgrading pip in the venv", env=_venv_environ())
+        for i, command in enumerate(spec.pre_install, 1):
+            _report(progress, f"pre_install {i}/{len(spec.pre_install)}: {command}")
+            box.run(["bash", "-c", command], what=f"pre_install step {command!r}", env=_venv_environ())
+        if spec.packages:
+            _report(progress, f"pip install {' '.join(spec.packages)}")
             box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                     "--upgrade", VENV_PIP], what="upgrading pip in the venv", env=_venv_environ())
-            for i, command in enumerate(spec.pre_install, 1):
-                _report(progress, f"pre_install {i}/{len(spec.pre_install)}: {command}")
-                box.run(["bash", "-c", command], what=f"pre_install step {command!r}", env=_venv_environ())
-            if spec.packages:
-                _report(progress, f"pip install {' '.join(spec.packages)}")
-                box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                         *spec.packages], what="pip install", env=_venv_environ())
-            _report(progress, f"committing {tag}")
-            box.commit(ENV_REPO, key, kind="env",
-                       changes=[f"ENV VIRTUAL_ENV={VENV}", f"ENV PATH={VENV}/bin:{SYSTEM_PATH}"])
+                     *spec.packages], what="pip install", env=_venv_environ())
+        _report(progress, f"committing {tag}")
+        box.commit(ENV_REPO, key, kind="env",
+                   changes=[f"ENV VIRTUAL_ENV={VENV}", f"ENV PATH={VENV}/bin:{SYSTEM_PATH}"])
     return tag
 
 
@@ -768,42 +789,41 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
     key = instance_key(env.id, repo, base_commit, spec)
     tag = f"{INSTANCE_REPO}:{key}"
     header = f"# {tag} from {env_tag}: {repo} at {base_commit}\n"
-    with _build_once(tag, key, header, f"{Path(repo).name} at {base_commit[:12]}", progress) as log_file:
-        if log_file is None:
+    with _build_once(tag, key, env.id, header, f"{Path(repo).name} at {base_commit[:12]}", progress) as box:
+        if box is None:
             return tag
         checkout = pristine_checkout(repo, base_commit)
-        with _BuildContainer(env.id, log_file, purpose=tag) as box:
-            _report(progress, f"copying the checkout into {WORKDIR}")
-            box.run(["rm", "-rf", WORKDIR], what=f"clearing {WORKDIR}")
-            with _checkout_tar(checkout, WORKDIR.lstrip("/")) as data:
-                box.put_archive("/", data)
-            for i, command in enumerate(spec.install, 1):
-                _report(progress, f"install {i}/{len(spec.install)}: {command}")
-                box.run(["bash", "-c", command], what=f"install step {command!r}", workdir=WORKDIR,
-                        env=_venv_environ())
-            # Every grading starts from a fresh copy of this tree, and patchgym's pytest runs with -B:
-            # without bytecode here, each grading compiled the repository again (0.3 s for seaborn, more
-            # for sympy) where a developer's venv reuses it. Files a patch changes get a newer mtime,
-            # so Python recompiles those; files that do not compile (test data) are left as they are.
-            _report(progress, "compiling the repository's bytecode")
-            box.run(["sh", "-c", f"{VENV}/bin/python -m compileall -q -j 0 {WORKDIR} >/dev/null 2>&1; true"],
-                    what="compiling bytecode", workdir=WORKDIR)
-            parent = posixpath.dirname(PRISTINE_DIR)
-            box.run(["sh", "-c", f"mkdir -p {parent} && chmod 700 {parent} && cp -al {WORKDIR} {PRISTINE_DIR}"],
-                    what="linking the pristine tree")
-            # Sandboxes borrow the repository's objects from the pristine tree (git alternates): what
-            # their /testbed tmpfs must hold is the rest (images built before count the objects too).
-            objects = f"{WORKDIR}/.git/objects"
-            code, usage = box.run_capture([f"du -s -B1 --exclude={objects} {WORKDIR} | cut -f1; "
-                                           f"find {WORKDIR} -path '{objects}/*' -prune -o -print | wc -l"],
-                                          shell_args=True)
-            testbed_bytes, testbed_files = usage.split() if code == 0 else ("", "")
-            if not (testbed_bytes.isdigit() and testbed_files.isdigit()):
-                raise EnvironmentBuildError(f"cannot measure {WORKDIR} in {tag}: {usage.strip()}")
-            _report(progress, f"committing {tag}")
-            box.commit(INSTANCE_REPO, key, kind="instance", changes=[
-                f"WORKDIR {WORKDIR}", f"LABEL {TESTBED_BYTES_LABEL}={testbed_bytes}",
-                f"LABEL {TESTBED_FILES_LABEL}={testbed_files}"])
+        _report(progress, f"copying the checkout into {WORKDIR}")
+        box.run(["rm", "-rf", WORKDIR], what=f"clearing {WORKDIR}")
+        with _checkout_tar(checkout, WORKDIR.lstrip("/")) as data:
+            box.put_archive("/", data)
+        for i, command in enumerate(spec.install, 1):
+            _report(progress, f"install {i}/{len(spec.install)}: {command}")
+            box.run(["bash", "-c", command], what=f"install step {command!r}", workdir=WORKDIR,
+                    env=_venv_environ())
+        # Every grading starts from a fresh copy of this tree, and patchgym's pytest runs with -B:
+        # without bytecode here, each grading compiled the repository again (0.3 s for seaborn, more
+        # for sympy) where a developer's venv reuses it. Files a patch changes get a newer mtime,
+        # so Python recompiles those; files that do not compile (test data) are left as they are.
+        _report(progress, "compiling the repository's bytecode")
+        box.run(["sh", "-c", f"{VENV}/bin/python -m compileall -q -j 0 {WORKDIR} >/dev/null 2>&1; true"],
+                what="compiling bytecode", workdir=WORKDIR)
+        parent = posixpath.dirname(PRISTINE_DIR)
+        box.run(["sh", "-c", f"mkdir -p {parent} && chmod 700 {parent} && cp -al {WORKDIR} {PRISTINE_DIR}"],
+                what="linking the pristine tree")
+        # Sandboxes borrow the repository's objects from the pristine tree (git alternates): what
+        # their /testbed tmpfs must hold is the rest (images built before count the objects too).
+        objects = f"{WORKDIR}/.git/objects"
+        code, usage = box.run_capture([f"du -s -B1 --exclude={objects} {WORKDIR} | cut -f1; "
+                                       f"find {WORKDIR} -path '{objects}/*' -prune -o -print | wc -l"],
+                                      shell_args=True)
+        testbed_bytes, testbed_files = usage.split() if code == 0 else ("", "")
+        if not (testbed_bytes.isdigit() and testbed_files.isdigit()):
+            raise EnvironmentBuildError(f"cannot measure {WORKDIR} in {tag}: {usage.strip()}")
+        _report(progress, f"committing {tag}")
+        box.commit(INSTANCE_REPO, key, kind="instance", changes=[
+            f"WORKDIR {WORKDIR}", f"LABEL {TESTBED_BYTES_LABEL}={testbed_bytes}",
+            f"LABEL {TESTBED_FILES_LABEL}={testbed_files}"])
     return tag
 
 

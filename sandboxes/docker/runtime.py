@@ -8,8 +8,11 @@ the engine's host, so remote engines work too. Every sandbox mounts it read-only
 and in the page cache for all of them, instead of a copy in each container's writable layer.
 
 The volume's root is root's only (mode 0700): commands (uid 1000) cannot read or change what is in
-it. The binary is moved into place last, so a volume with ``pgserver`` in it is complete; one left
-without it by an interrupted build is rebuilt (:func:`discard_runtime`).
+it. Every process on the engine shares it, so its build is coordinated through the engine: it is
+filled in a container named for the build (:mod:`.build_mutex`), and labelled complete by a marker
+volume, ``<name>-complete``, created only once the fill succeeded. A volume without its marker (a
+killed builder's) is filled again in place under the same name; it is never removed while
+sandboxes may use it.
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ import threading
 from pathlib import Path
 
 from ..base import EnvironmentBuildError, SandboxError
-from ..locks import file_lock
-from .client import KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client, owner_id, remove_container
+from .build_mutex import build_name, claim, namespace, owner_labels
+from .client import KIND_LABEL, MANAGED_LABEL, docker_client, remove_container
 
 log = logging.getLogger(__name__)
 
 RUNTIME_MOUNT = "/opt/patchgym"
 SERVER = f"{RUNTIME_MOUNT}/pgserver"
 VOLUME_PREFIX = "patchgym-runtime-"
+COMPLETE_SUFFIX = "-complete"
 PGRT_MODULES = ("base.py", "files.py", "gitops.py")  # what diff_helper.py imports, and what they import
 CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections")
 BUILD_TIMEOUT = 300
@@ -74,56 +78,71 @@ def _volume_exists(name: str) -> bool:
         return False
 
 
+def _complete(name: str) -> bool:
+    """Whether the runtime volume ``name`` exists and was filled whole (its marker exists)."""
+    return _volume_exists(name) and _volume_exists(name + COMPLETE_SUFFIX)
+
+
 def runtime_volume() -> str:
-    """The name of the runtime volume for this code, built first when the engine lacks it."""
+    """The name of the runtime volume for this code, built first when the engine lacks it whole."""
     sources = _sources()
     key = runtime_key(sources)
+    name = VOLUME_PREFIX + namespace() + key
     with _volumes_lock:
-        if key in _volumes:
-            return _volumes[key]
-    name = VOLUME_PREFIX + key
-    if not _volume_exists(name):
-        from .images import _lock_path
-
-        with file_lock(_lock_path(f"runtime-{key}")):
-            if not _volume_exists(name):
-                _build(name, sources)
-                _prune_others(name)
+        if name in _volumes.values():
+            return name
+    if not _complete(name):
+        _build(name, key, sources)
+        _prune_others(name)
     with _volumes_lock:
         _volumes[key] = name
     return name
 
 
 def discard_runtime(name: str) -> None:
-    """Forget and remove a runtime volume found incomplete (an interrupted build), to build it again."""
+    """Forget a runtime volume found incomplete, and drop its marker so that the next
+    :func:`runtime_volume` fills it again (under the build's mutex). The volume itself is never
+    removed here: other processes' sandboxes may be using it."""
     with _volumes_lock:
         for key, value in list(_volumes.items()):
             if value == name:
                 del _volumes[key]
     try:
-        docker_client().volumes.get(name).remove(force=True)
+        docker_client().volumes.get(name + COMPLETE_SUFFIX).remove(force=True)
     except Exception as exc:
-        log.warning("could not remove the runtime volume %s: %s", name, exc)
+        log.debug("no marker of %s to remove: %s", name, exc)
 
 
-def _build(name: str, sources: dict[str, bytes]) -> None:
+def _build(name: str, key: str, sources: dict[str, bytes]) -> None:
+    """Fill the volume ``name`` in the build container named for it (the engine-wide mutex),
+    unless its holder, waited for, finished it; then create its marker."""
     from .images import DEFAULT_RELEASE, ensure_base
 
     client = docker_client()
     base = ensure_base(DEFAULT_RELEASE)
-    log.info("building the sandbox runtime %s", name)
-    script = ("set -e; umask 077; cd /pgbuild; "
+    # Idempotent, and file by file atomic: a killed builder's half-filled volume is filled again,
+    # and so is a whole one made before markers existed, which sandboxes may be using meanwhile.
+    script = ("set -e; umask 077; cd /pgbuild; rm -rf /v/.stage; mkdir /v/.stage; "
               f"gcc {' '.join(CFLAGS)} -o /v/pgserver.new server.c; "
               # bytecode for the default release's python (a read-only mount keeps none of its own)
-              "cp -R rt/. /v/; python3 -m compileall -q /v >/dev/null; "
-              "chown -R 0:0 /v; chmod -R go-rwx /v; chmod 0700 /v; mv /v/pgserver.new /v/pgserver")
-    volume = client.volumes.create(name=name, labels={MANAGED_LABEL: "1", KIND_LABEL: "runtime"})
-    container = None
-    try:
-        container = client.containers.create(
-            base.id, ["sh", "-c", script], network_mode="none", working_dir="/",
+              "cp -R rt/. /v/.stage/; python3 -m compileall -q /v/.stage >/dev/null; "
+              "chown -R 0:0 /v; chmod -R go-rwx /v; chmod 0700 /v; cd /v/.stage; "
+              "find . -mindepth 1 -type d -exec mkdir -p /v/{} \\; ; find . ! -type d -exec mv -f {} /v/{} \\; ; "
+              "cd /; rm -rf /v/.stage; mv /v/pgserver.new /v/pgserver")
+    labels = {MANAGED_LABEL: "1", KIND_LABEL: "runtime"}
+    client.volumes.create(name=name, labels=labels)  # returns the existing one if there is one
+
+    def create(container_name: str):
+        return client.containers.create(
+            base.id, ["sh", "-c", script], network_mode="none", working_dir="/", name=container_name,
             volumes={name: {"bind": "/v", "mode": "rw"}},
-            labels={MANAGED_LABEL: "1", KIND_LABEL: "build", OWNER_LABEL: owner_id()})
+            labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()})
+
+    container = claim(build_name(f"runtime-{key}"), create)
+    try:
+        if _complete(name):
+            return  # the holder we waited for finished it
+        log.info("building the sandbox runtime %s", name)
         if not container.put_archive("/", _context(sources)):
             raise EnvironmentBuildError("could not copy the command server's sources into the build container")
         container.start()
@@ -131,20 +150,13 @@ def _build(name: str, sources: dict[str, bytes]) -> None:
         if status.get("StatusCode") != 0:
             output = container.logs().decode(errors="replace")[-3000:]
             raise EnvironmentBuildError(f"building the sandbox command server failed: {output}")
-    except BaseException as exc:
-        if container is not None:
-            remove_container(container)
-            container = None
-        try:
-            volume.remove(force=True)
-        except Exception:
-            pass
-        if isinstance(exc, (SandboxError, KeyboardInterrupt, SystemExit)):
-            raise
+        client.volumes.create(name=name + COMPLETE_SUFFIX, labels={**labels, KIND_LABEL: "runtime-complete"})
+    except (SandboxError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:
         raise EnvironmentBuildError(f"building the sandbox command server failed: {exc}") from None
     finally:
-        if container is not None:
-            remove_container(container)
+        remove_container(container)  # releases the name
 
 
 def _prune_others(keep: str) -> None:
@@ -154,9 +166,16 @@ def _prune_others(keep: str) -> None:
     except Exception as exc:
         log.debug("cannot list runtime volumes: %s", exc)
         return
+    prefix = VOLUME_PREFIX + namespace()
     for volume in volumes:
-        if volume.name != keep and volume.name.startswith(VOLUME_PREFIX):
+        other = volume.name[len(prefix):]
+        if volume.name != keep and volume.name.startswith(prefix) and len(other) == len(keep) - len(prefix):
             try:
-                volume.remove()
+                volume.remove()  # the volume first: its marker goes only once it is gone
             except Exception as exc:  # in use by a sandbox of another version: kept
                 log.debug("keeping %s: %s", volume.name, exc)
+                continue
+            try:
+                docker_client().volumes.get(volume.name + COMPLETE_SUFFIX).remove()
+            except Exception as exc:
+                log.debug("no marker of %s: %s", volume.name, exc)
