@@ -23,9 +23,11 @@ import shlex
 import struct
 import tracemalloc
 import zlib
+from pathlib import Path
 
 import pytest
 
+from gym_envs.grading.patch_apply import apply_patch
 from gym_envs.grading.patches import (
     COMPILED,
     MAX_BINARY_BLOCK,
@@ -34,7 +36,7 @@ from gym_envs.grading.patches import (
     filter_agent_patch,
     parse_patch,
 )
-from gym_envs.grading.testrun import probe
+from gym_envs.grading.testrun import TestRun, run_tests
 from gym_envs.grading.verifier import Verifier
 from tasks.backends import sandbox_factory
 from tasks.model import Task
@@ -69,9 +71,10 @@ def _fixed_module(task: Task, repo: Repo) -> tuple[str, str]:
     return path, fixed
 
 
-def _compile_in_sandbox(task: Task, backend: str, source: str) -> tuple[bytes, str, str]:
-    """``source`` as an unchecked-hash pyc made by the task's own interpreter, with its cache tag
-    (``cpython-311``) and extension suffix (``.cpython-311-x86_64-linux-gnu.so``)."""
+def _compile_in_sandbox(task: Task, backend: str, source: str, cached_name: str) -> tuple[bytes, str, str, bytes | None]:
+    """``source`` as an unchecked-hash pyc made by the task's own interpreter, its cache tag
+    (``cpython-311``) and extension suffix (``.cpython-311-x86_64-linux-gnu.so``), and the bytes of
+    the image's own ``<dir>/__pycache__/<cached_name>.<tag>.pyc`` if it has one (Docker images do)."""
     sandbox = sandbox_factory(backend)(task)
     try:
         sandbox.write_file("pg_fixed.py", source)
@@ -82,9 +85,26 @@ def _compile_in_sandbox(task: Task, backend: str, source: str) -> tuple[bytes, s
         result = sandbox.exec(f"python -c {shlex.quote(script)}", timeout=120)
         assert result.ok, result.output
         tag, suffix = result.output.split()[-2:]
-        return sandbox.read_file("pg_fixed.pyc"), tag, suffix
+        try:
+            existing: bytes | None = sandbox.read_file(cached_name.replace("{tag}", tag))
+        except FileNotFoundError:
+            existing = None
+        return sandbox.read_file("pg_fixed.pyc"), tag, suffix, existing
     finally:
         sandbox.close()
+
+
+def modify_diff(path: str, old: bytes, new: bytes, scratch: Path) -> str:
+    """A binary modify section turning ``old`` into ``new`` at ``path`` (made in a scratch repository:
+    the file is the image's, not the repository's)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    _git(scratch, "init", "-q")
+    (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+    (scratch / path).write_bytes(old)
+    _git(scratch, "add", "-f", path)
+    _git(scratch, "commit", "-qm", "image")
+    (scratch / path).write_bytes(new)
+    return _git(scratch, "diff", "--binary", "--no-color", "HEAD")
 
 
 def binary_diff(repo: Repo, writes: dict[str, bytes | None]) -> str:
@@ -109,8 +129,9 @@ class Payloads:
 
     def __init__(self, task: Task, repo: Repo, backend: str) -> None:
         self.module, fixed = _fixed_module(task, repo)
-        self.pyc, self.tag, self.suffix = _compile_in_sandbox(task, backend, fixed)
         head, _, name = self.module.rpartition("/")
+        self.pyc, self.tag, self.suffix, self.image_pyc = _compile_in_sandbox(
+            task, backend, fixed, f"{head}/__pycache__/{name[:-3]}.{{tag}}.pyc")
         self.stem = f"{head}/{name[:-3]}" if head else name[:-3]
         self.cached = f"{head}/__pycache__/{name[:-3]}.{self.tag}.pyc"
         self.sourceless = f"{self.stem}.pyc"
@@ -127,6 +148,11 @@ class Payloads:
     def sourceless_beside_gold(self) -> tuple[str, list[str]]:
         """Only the .pyc (with gold, which changes the .py, the deletion would not apply)."""
         return binary_diff(self.repo, {self.sourceless: self.pyc}), [self.sourceless]
+
+    def image_pyc_replaced(self, scratch: Path) -> tuple[str, list[str]]:
+        """A binary modify section of the image's own pyc (its blob is readable in the workspace)."""
+        assert self.image_pyc is not None, "the image has no bytecode of its own"
+        return modify_diff(self.cached, self.image_pyc, self.pyc, scratch), [self.cached]
 
     def native_name(self) -> tuple[str, list[str]]:
         return binary_diff(self.repo, {self.native: b"\x7fELF not really a shared object\n"}), [self.native]
@@ -174,12 +200,21 @@ def test_gold_with_compiled_payload_still_resolves(payload, task, local_payloads
     assert report.ignored_paths == dropped
 
 
+def _run_with_pyc_in_tree(task: Task, backend: str, payloads: Payloads) -> TestRun:
+    """The hidden tests run with the forged pyc written straight into the grading sandbox's tree
+    (past the filter: as an image's own bytecode is there, or one the filter missed)."""
+    sandbox = sandbox_factory(backend)(task)
+    try:
+        assert apply_patch(sandbox, task.test_patch, fuzzy=False)
+        sandbox.write_file(payloads.cached, payloads.pyc)
+        return run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    finally:
+        sandbox.close()
+
+
 def test_bytecode_in_the_tree_is_not_read_by_the_test_run(task, local_payloads):
-    """The second line: the unchecked-hash pyc applied with no filter at all (as an image's own
-    bytecode is there), and the hidden tests still run the source, which is not fixed."""
-    patch, _ = local_payloads.unchecked_pycache()
-    run = probe(task, [task.test_patch, patch], task.FAIL_TO_PASS)
-    assert run.applied == [True, True]
+    """The second line: the hidden tests still run the source, which is not fixed."""
+    run = _run_with_pyc_in_tree(task, "local", local_payloads)
     assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
 
 
@@ -193,14 +228,20 @@ def test_a_task_may_allow_compiled_files(task, local_payloads):
     assert_refused(report_dict(report), allowed, NoEffect(), report.test_output)
 
 
-def test_bytecode_on_docker_is_neither_applied_nor_read(task, repo, docker_base):
-    """Docker: the filter drops the pyc, and a pyc in the image's tree is not read by the run."""
+def test_bytecode_on_docker_is_neither_applied_nor_read(task, repo, docker_base, tmp_path):
+    """Docker: the image has its own pycs under the repository; a binary modify section replacing
+    one with the fixed module is dropped, gold beside it still resolves, and a pyc written into
+    the image's tree is not read by the run."""
     payloads = Payloads(task, repo, "docker")
-    patch, dropped = payloads.unchecked_pycache()
-    report = Verifier(sandbox_factory("docker")).verify(task, patch)
+    patch, dropped = payloads.image_pyc_replaced(tmp_path / "scratch")
+    verifier = Verifier(sandbox_factory("docker"))
+    report = verifier.verify(task, patch)
     assert_refused(report_dict(report), task, Ignored(*dropped), report.test_output)
-    run = probe(task, [task.test_patch, patch], task.FAIL_TO_PASS, sandbox_factory("docker"))
-    assert run.applied == [True, True]
+    gold = verifier.verify(task, task.patch + patch)
+    assert gold.resolved and gold.ignored_paths == dropped, describe(report_dict(gold), gold.test_output)
+    run = _run_with_pyc_in_tree(task, "docker", payloads)
+    assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
+    run = _run_with_pyc_in_tree(task, "docker", payloads)
     assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
 
 
