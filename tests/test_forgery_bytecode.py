@@ -218,6 +218,14 @@ def test_bytecode_in_the_tree_is_not_read_by_the_test_run(task, local_payloads):
     assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
 
 
+def test_bytecode_in_the_tree_is_not_read_by_a_command_the_runtime_does_not_take_over(task, local_payloads):
+    """A test command run as written (not ``python -m pytest``/``pytest``) gets PYTHONPYCACHEPREFIX."""
+    spec = task.test_spec.model_copy(update={"command": "python -c 'import sys, pytest; sys.exit(pytest.main())'"})
+    own = task.model_copy(update={"test_spec": spec})
+    run = _run_with_pyc_in_tree(own, "local", local_payloads)
+    assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
+
+
 def test_a_task_may_allow_compiled_files(task, local_payloads):
     """The opt-in keeps them (the pyc is applied; the run still reads the source, so no reward)."""
     patch, dropped = local_payloads.unchecked_pycache()
