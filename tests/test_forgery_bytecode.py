@@ -19,6 +19,7 @@ under ``/dev/null``): shown by applying the pyc without the filter (:func:`testr
 from __future__ import annotations
 
 import base64
+import os
 import shlex
 import struct
 import tracemalloc
@@ -36,6 +37,7 @@ from gym_envs.grading.patches import (
     filter_agent_patch,
     parse_patch,
 )
+from gym_envs.grading.pytest_runtime import bootstrap
 from gym_envs.grading.testrun import TestRun, run_tests
 from gym_envs.grading.verifier import Verifier
 from tasks.backends import sandbox_factory
@@ -224,6 +226,15 @@ def test_bytecode_in_the_tree_is_not_read_by_a_command_the_runtime_does_not_take
     own = task.model_copy(update={"test_spec": spec})
     run = _run_with_pyc_in_tree(own, "local", local_payloads)
     assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
+
+
+def test_the_prefix_is_left_alone_only_where_pytest_is_the_repository(monkeypatch):
+    """pytest-dev/pytest rows test pytest's own pyc writing in process: no prefix there."""
+    import _pytest
+
+    assert not bootstrap.runner_is_the_repository()
+    monkeypatch.setattr(bootstrap, "WORKSPACE", os.path.dirname(os.path.dirname(_pytest.__file__)))
+    assert bootstrap.runner_is_the_repository()
 
 
 def test_a_task_may_allow_compiled_files(task, local_payloads):

@@ -21,7 +21,8 @@ where nothing can ever be created), so every module imported from then on — th
 pytest's assertion-rewritten test modules — is compiled from its source: no bytecode cache found
 in the tree (an image's own, or one the agent's patch slipped in) is read. Setting it on the command
 line instead would also recompile the stdlib and pytest on every run (1.5 s -> 5.2 s to import pytest
-on a loaded 2-core machine). Python < 3.8 has no pycache prefix; there only the patch filter holds.
+on a loaded 2-core machine). Python < 3.8 has no pycache prefix, and it is not set when the
+repository is pytest itself (:func:`runner_is_the_repository`); there only the patch filter holds.
 
 Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
 """
@@ -152,6 +153,17 @@ def _preload_runner():
                 pass
 
 
+def runner_is_the_repository():
+    """Whether the pytest running is the repository's own (pytest-dev/pytest rows: installed from
+    the workspace by the environment build, as nothing else can make it so). Its tests write and
+    read bytecode caches in this process (assertion rewriting's pyc tests), so there the pycache
+    prefix is left alone and the patch filter alone keeps the agent's bytecode out."""
+    import _pytest
+
+    here = os.path.realpath(os.path.dirname(_pytest.__file__))
+    return here.startswith(os.path.realpath(WORKSPACE) + os.sep)
+
+
 def main():
     results = os.environ.pop("PATCHGYM_RESULTS", None)
     if not results:
@@ -164,7 +176,8 @@ def main():
         reporter = reporter_module.Reporter(results, WORKSPACE)
         _preload_runner()
         import pytest
-        sys.pycache_prefix = NO_BYTECODE
+        if not runner_is_the_repository():
+            sys.pycache_prefix = NO_BYTECODE
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
         return 3
