@@ -37,6 +37,9 @@ from .base import SandboxError, WorkspaceError
 DIFF_LIMIT = 256 << 20
 MAX_CHANGED_FILES = 100_000  # no patch of a repository touches more; each costs time whatever its size
 MAX_DEPTH = 256
+# No repository has a path near this long; past it (the workspace's own path added) the kernel's
+# PATH_MAX (4096) makes the path unusable, so such a workspace is the agent's failure on every backend.
+MAX_PATH_BYTES = 2048
 GIT_TIMEOUT = 300.0
 # Written to the checkout's .git/info/exclude so bytecode and caches never show up in diffs.
 EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n.patchgym-*\n*.egg-info/\n"
@@ -56,6 +59,11 @@ SAFE_GIT = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.ext
             "-c core.pager=cat")
 
 StatKey = tuple[int, int, int, int, int]
+
+
+class GitFailed(SandboxError):
+    """git exited with an error: the harness's fault unless git works on the pristine base
+    (:func:`workspace_diff` then blames the workspace)."""
 
 
 def stat_key(st: os.stat_result) -> StatKey:
@@ -123,6 +131,19 @@ def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, li
     new = [p for p in files if p not in pristine.entries]
     if not changed and not new and len(keep) == len(pristine.entries):
         return ""  # the hot path of an untouched workspace: a walk and no git at all
+    try:
+        return _diff_changes(workspace, pristine, scratch_parent, limit, files, keep, changed, new)
+    except GitFailed as exc:
+        if not _git_sound(pristine, scratch_parent):
+            raise SandboxError(str(exc)) from None
+        # git works on the pristine base and not on this workspace: the workspace is the cause.
+        raise WorkspaceError(f"git cannot diff the workspace: {exc}") from None
+
+
+def _diff_changes(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int,
+                  files: dict[bytes, os.stat_result], keep: list[tuple[bytes, bytes, bytes]],
+                  changed: list[bytes], new: list[bytes]) -> str:
+    """The diff of a workspace with ``changed`` and ``new`` files (the rest kept as ``keep``)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-diff-", dir=scratch_parent))  # the reaper's naming
     try:
         git_dir = _scratch_git_dir(scratch, pristine.git_dir)
@@ -146,6 +167,21 @@ def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, li
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return diff.decode("utf-8", errors="replace")
+
+
+def _git_sound(pristine: Pristine, scratch_parent: Path) -> bool:
+    """Whether git can diff the pristine base against itself in a fresh scratch directory: if it
+    can, a git failure on the workspace's content was caused by that content."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-diff-", dir=scratch_parent))
+    try:
+        git_dir = _scratch_git_dir(scratch, pristine.git_dir)
+        _git(["diff-tree", "-r", "--no-color", pristine.base, pristine.base], git_dir=git_dir,
+             index=scratch / "index")
+        return True
+    except (OSError, SandboxError):
+        return False
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _walk(workspace: Path, pristine: Pristine) -> tuple[dict[bytes, os.stat_result], set[bytes]]:
@@ -174,7 +210,12 @@ def _walk(workspace: Path, pristine: Pristine) -> tuple[dict[bytes, os.stat_resu
             if entry.name.lower() == b".git":
                 continue
             path = os.path.join(rel, entry.name) if rel else entry.name
-            st = entry.stat(follow_symlinks=False)
+            if len(path) > MAX_PATH_BYTES:
+                raise WorkspaceError(f"a path longer than {MAX_PATH_BYTES} bytes: {_show(path)}")
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError as exc:
+                raise WorkspaceError(f"cannot read {_show(path)}: {exc.strerror}") from None
             if stat.S_ISDIR(st.st_mode):
                 if path not in gitlinks:
                     stack.append((path, depth + 1))
@@ -199,8 +240,12 @@ def _read_entry(workspace: bytes, path: bytes, walked: os.stat_result) -> tuple[
     """The git mode and blob content of a file or symlink, checking it is still what the walk saw."""
     full = workspace + b"/" + path
     if stat.S_ISLNK(walked.st_mode):
-        target = os.readlink(full)
-        if stat_key(os.lstat(full)) != stat_key(walked):
+        try:
+            target = os.readlink(full)
+            again = os.lstat(full)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot read {_show(path)}: {exc.strerror}") from None
+        if stat_key(again) != stat_key(walked):
             raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
         return b"120000", target
     mode = b"100755" if walked.st_mode & stat.S_IXUSR else b"100644"
@@ -300,11 +345,13 @@ def _git(args: list[str], *, git_dir: Path, index: Path, work_tree: Path | None 
     except subprocess.TimeoutExpired:
         raise SandboxError(f"git {args[0]} timed out after {GIT_TIMEOUT:.0f}s") from None
     if proc.returncode not in ok_codes:
-        raise SandboxError(f"git {args[0]} failed: {proc.stderr[-2000:].decode(errors='replace').strip()}")
+        raise GitFailed(f"git {args[0]} failed: {proc.stderr[-2000:].decode(errors='replace').strip()}")
     if limit is not None and len(proc.stdout) > limit:
         raise WorkspaceError(f"the workspace diff is larger than {limit >> 20} MiB")
     return proc.stdout
 
 
 def _show(path: bytes) -> str:
-    return os.fsdecode(path)
+    """A path for a message (its start and end only, when long)."""
+    text = os.fsdecode(path)
+    return text if len(text) <= 200 else f"{text[:100]}...{text[-100:]}"

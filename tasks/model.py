@@ -68,6 +68,11 @@ class TestSpec(BaseModel):
     # hold the ids (grading still reads only the ids); "ids" runs just the ids (faster).
     selection: Selection = Field(
         "ids", description="pytest: run the test ids, or the whole files that hold them (as SWE-bench)")
+    # Bytecode, __pycache__ and native extension modules run without their source being graded, so
+    # an agent's patch may not add or change them (gym_envs.grading.patches.is_compiled) unless the
+    # task needs it to.
+    allow_compiled_files: bool = Field(
+        False, description="let the agent's patch add or change *.pyc, *.pyo, __pycache__/, *.so, *.pyd")
 
     @model_validator(mode="before")
     @classmethod

@@ -69,7 +69,7 @@ def test_patch_that_does_not_apply(verifier, calc_task):
     assert not report.infrastructure_failure
     assert "does not apply" in report.error
     garbage = verifier.verify(calc_task, "please fix it yourself")
-    assert not garbage.patch_successfully_applied and "not a unified diff" in garbage.error
+    assert not garbage.patch_successfully_applied and "not a patch" in garbage.error
 
 
 def test_editing_tests_and_config_is_ignored(verifier, calc_task):

@@ -10,6 +10,7 @@ included (:mod:`gym_envs.grading.cost`).
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from sandboxes.base import usage_of
 from tasks.backends import sandbox_factory
 from tasks.catalog import TaskSet
 from tasks.model import Task
+
+log = logging.getLogger(__name__)
 
 BASH_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -269,9 +272,14 @@ class RepoEnv(gym.Env[str, Any]):
             report = InstanceReport(instance_id=self.task.instance_id, infrastructure_failure=True,
                                     infrastructure_failure_reason=f"could not read the workspace diff: {exc}")
             return self._finish(report, None, info, truncated=truncated, observation=observation)
-        except WorkspaceError as exc:  # the agent's own doing: scored 0, never masked
+        except Exception as exc:  # WorkspaceError, or anything else the tree made the harness raise:
+            # the agent's own doing (a sandbox failure is a SandboxError, above): scored 0, never masked
+            # and never out of step().
+            if not isinstance(exc, WorkspaceError):
+                log.warning("%s: the workspace diff raised", self.task.instance_id, exc_info=True)
+            reason = str(exc) if isinstance(exc, WorkspaceError) else f"{type(exc).__name__}: {exc}"
             report = InstanceReport(instance_id=self.task.instance_id, patch_exists=True,
-                                    error=f"the workspace cannot be diffed: {exc}")
+                                    error=f"the workspace cannot be diffed: {reason[:2000]}")
             return self._finish(report, None, info, truncated=truncated, observation=observation)
         self._close_sandbox()  # grading uses a fresh sandbox; free this one first
         report = self.verifier.verify(self.task, patch, run_empty=True)

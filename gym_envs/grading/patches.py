@@ -1,8 +1,9 @@
 """Reading patches, and deciding which of an agent's file changes may be applied before grading.
 
 An agent's diff is filtered before grading: changes to tests, to test configuration, to git's own
-files and to interpreter start-up hooks are dropped (a patch that only added a conftest.py scored
-as resolved in SWE-bench #631), as are changes to any file the test patch touches.
+files, to interpreter start-up hooks and to compiled code (bytecode, native modules) are dropped (a
+patch that only added a conftest.py scored as resolved in SWE-bench #631), as are changes to any
+file the test patch touches.
 
 Filtering is only sound if the filter reads the patch exactly as the appliers do, and attackers
 exploited every disagreement (C-quoted names, a plain section hidden after a git one, context diffs
@@ -30,6 +31,12 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 MAX_PATCH_BYTES = 64 << 20
+# What one ``GIT binary patch`` block (and all of a patch's blocks together) may inflate to. The
+# parser inflates in chunks and keeps none of it, so its memory is bounded by the patch's size
+# whatever the data says; the caps bound its time, and what git will inflate in the sandbox.
+MAX_BINARY_BLOCK = 64 << 20
+MAX_BINARY_TOTAL = 256 << 20
+_INFLATE_CHUNK = 1 << 20
 
 # Files whose change could alter how tests are collected, run or reported.
 TEST_CONFIG_NAMES = {
@@ -39,6 +46,11 @@ TEST_CONFIG_NAMES = {
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "tests.py")
 TEST_DIR_NAMES = {"tests", "test", "testing"}
 PYTEST_PACKAGE = "a new file in a _pytest package (it would shadow the test runner)"
+# What the interpreter runs without reading source: bytecode (a PEP 552 unchecked-hash pyc in
+# __pycache__ is used whatever the .py says, and a foo.pyc with no foo.py is imported by
+# SourcelessFileLoader) and native extension modules (imported before a .py of the same name).
+COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
+COMPILED = "compiled code (bytecode or a native extension module), which the task does not allow"
 
 Status = Literal["modify", "add", "delete", "rename", "copy"]
 NO_NEWLINE = "\\ No newline at end of file"
@@ -158,6 +170,7 @@ class _Parser:
         if text.endswith("\n"):
             self.lines.pop()
         self.i = 0
+        self.inflated = 0  # bytes the binary blocks read so far declare
 
     def peek(self, ahead: int = 0) -> str:
         """The line ``ahead`` of the current one, or "" past the end (no rule accepts "" there)."""
@@ -244,6 +257,12 @@ class _Parser:
                 if block == "forward":
                     raise _Malformed("'GIT binary patch' without a literal or delta block")
                 break
+            size = int(m[2])
+            if size > MAX_BINARY_BLOCK:
+                raise _Malformed(f"a binary block of {size} bytes (a block may hold {MAX_BINARY_BLOCK})")
+            self.inflated += size
+            if self.inflated > MAX_BINARY_TOTAL:
+                raise _Malformed(f"binary blocks of more than {MAX_BINARY_TOTAL} bytes in all")
             out.append(self.peek())
             self.i += 1
             data = bytearray()
@@ -251,12 +270,7 @@ class _Parser:
                 data += _base85_row(self.peek())
                 out.append(self.peek())
                 self.i += 1
-            try:
-                size = len(zlib.decompress(bytes(data)))
-            except zlib.error:
-                raise _Malformed("corrupt binary patch data") from None
-            if size != int(m[2]):
-                raise _Malformed(f"binary patch data holds {size} bytes, not {m[2]}")
+            _check_inflated_size(bytes(data), size)
             out.append("")
             self.i += 1  # the empty line closing the block (or the end of the text)
         return tuple(out)
@@ -522,6 +536,29 @@ def _base85_row(row: str) -> bytes:
         raise _Malformed(f"malformed binary patch line {row[:80]!r}") from None
 
 
+def _check_inflated_size(data: bytes, size: int) -> None:
+    """That zlib ``data`` inflates to exactly ``size`` bytes, inflating at most a chunk at a time
+    and no further than ``size`` (so a small patch cannot make the harness hold gigabytes)."""
+    inflater = zlib.decompressobj()
+    total = 0
+    pending = data
+    try:
+        while not inflater.eof:
+            chunk = inflater.decompress(pending, _INFLATE_CHUNK)
+            total += len(chunk)
+            if total > size:
+                raise _Malformed(f"binary patch data holds more than {size} bytes")
+            if not chunk and len(inflater.unconsumed_tail) == len(pending):
+                break  # no progress: the stream is truncated
+            pending = inflater.unconsumed_tail
+    except zlib.error:
+        raise _Malformed("corrupt binary patch data") from None
+    if not inflater.eof:
+        raise _Malformed("corrupt binary patch data")
+    if total != size:
+        raise _Malformed(f"binary patch data holds {total} bytes, not {size}")
+
+
 def _hunk_lines(lines: list[str], pos: int, old_left: int, new_left: int) -> tuple[tuple[str, ...], int]:
     """Read a hunk body at ``lines[pos]`` holding exactly the counted old and new lines (the counts, not
     the text, decide where it ends, as for git and patch); return it and the position after it."""
@@ -691,11 +728,20 @@ def is_test_or_config(path: str) -> bool:
     return any(fnmatch.fnmatch(p.name, pat) for pat in TEST_FILE_PATTERNS)
 
 
-def _path_reason(path: str, protected: set[str]) -> str | None:
+def is_compiled(path: str) -> bool:
+    """True for bytecode, anything in a ``__pycache__`` directory and native extension modules
+    (case-insensitively: what a case-insensitive file system would import must not slip through)."""
+    lowered = path.lower().split("/")
+    return "__pycache__" in lowered or lowered[-1].endswith(COMPILED_SUFFIXES)
+
+
+def _path_reason(path: str, protected: set[str], allow_compiled: bool = False) -> str | None:
     parts = path.split("/")
     lowered = [part.lower() for part in parts]
     if ".git" in lowered:
         return "inside .git (hooks and config run code)"
+    if not allow_compiled and is_compiled(path):
+        return COMPILED
     if parts[-1] in ("sitecustomize.py", "usercustomize.py") or parts[-1].endswith(".pth"):
         return "an interpreter start-up hook"
     if any(part.endswith((".dist-info", ".egg-info", ".egg-link")) for part in lowered):
@@ -711,9 +757,11 @@ def _path_reason(path: str, protected: set[str]) -> str | None:
     return None
 
 
-def drop_reason(file: FilePatch, protected: set[str]) -> str | None:
+def drop_reason(file: FilePatch, protected: set[str], *, allow_compiled: bool = False) -> str | None:
     """Why ``file`` may not be applied before grading (either side of a rename or copy counts), or None.
 
+    Compiled files (:func:`is_compiled`: added, changed, deleted, renamed or copied onto, text or
+    ``GIT binary patch``) are refused unless the task opts in (``TestSpec.allow_compiled_files``).
     A new ``_pytest`` package would shadow the test runner, so none may be made; but changing a
     file that is already there is changing the pytest repository's own source (``src/_pytest``),
     the code under test of its tasks, and is kept (SWE-bench grades pytest with itself too)."""
@@ -721,7 +769,7 @@ def drop_reason(file: FilePatch, protected: set[str]) -> str | None:
         if mode in _LINK_MODES:
             return _LINK_MODES[mode]
     for path in sorted(file.paths):
-        reason = _path_reason(path, protected)
+        reason = _path_reason(path, protected, allow_compiled)
         if reason == PYTEST_PACKAGE and file.status in ("modify", "delete"):
             continue
         if reason:
@@ -739,7 +787,7 @@ class FilteredPatch:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-def filter_agent_patch(diff: str, protected: set[str]) -> FilteredPatch:
+def filter_agent_patch(diff: str, protected: set[str], *, allow_compiled: bool = False) -> FilteredPatch:
     """Drop the sections of ``diff`` that :func:`drop_reason` refuses; raises :class:`PatchError` if
     the diff cannot be read or is larger than ``MAX_PATCH_BYTES``."""
     if len(diff) > MAX_PATCH_BYTES or len(diff.encode("utf-8", "surrogateescape")) > MAX_PATCH_BYTES:
@@ -747,11 +795,11 @@ def filter_agent_patch(diff: str, protected: set[str]) -> FilteredPatch:
     kept: list[FilePatch] = []
     reasons: dict[str, str] = {}
     for f in parse_patch(diff):
-        reason = drop_reason(f, protected)
+        reason = drop_reason(f, protected, allow_compiled=allow_compiled)
         if reason is None:
             kept.append(f)
         else:
-            reasons.update({p: _path_reason(p, protected) or reason for p in f.paths})
+            reasons.update({p: _path_reason(p, protected, allow_compiled) or reason for p in f.paths})
     return FilteredPatch(render_patch(kept), sorted(reasons), reasons)
 
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from gym_envs.grading.cost import CostMeter, EpisodeCost, Prices
 from gym_envs.grading.outcome import grade
 from gym_envs.grading.patch_apply import GIT_APPLY, PATCH_FILE, apply_patch
-from gym_envs.grading.patches import PatchError, filter_agent_patch, split_diff, touched_paths
+from gym_envs.grading.patches import PatchError, filter_agent_patch, parse_patch, touched_paths
 from gym_envs.grading.runners import changed_test_files
 from gym_envs.grading.testrun import run_tests
 from sandboxes import Sandbox, SandboxError
@@ -99,11 +99,15 @@ class Verifier:
         if not report.patch_exists and not run_empty:
             report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
             return report
-        if report.patch_exists and not split_diff(patch or ""):
-            # Nothing to apply: say so without paying for a sandbox.
-            report.error = "the patch is not a unified diff"
-            report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
-            return report
+        if report.patch_exists:
+            try:
+                parse_patch(patch or "")
+            except PatchError as exc:
+                # Nothing to apply (or nothing it is safe to read): the agent's failure, said without
+                # paying for a sandbox.
+                report.error = f"the patch cannot be parsed: {exc}"
+                report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
+                return report
         sandbox: Sandbox | None = None
         try:
             sandbox = self.factory(task)
@@ -144,7 +148,8 @@ class Verifier:
         protected = touched_paths(task.test_patch)
         if patch.strip():
             try:
-                filtered = filter_agent_patch(patch, protected)
+                filtered = filter_agent_patch(patch, protected,
+                                              allow_compiled=task.test_spec.allow_compiled_files)
             except PatchError as exc:  # the agent's failure, never infrastructure
                 report.error = f"the patch cannot be parsed: {exc}"
                 return

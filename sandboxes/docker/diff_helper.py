@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pgrt.base import WorkspaceError  # noqa: E402
+from pgrt.base import SandboxError, WorkspaceError  # noqa: E402
 from pgrt.gitops import Pristine, workspace_diff  # noqa: E402
 
 WORKSPACE = Path("/testbed")
@@ -48,12 +48,25 @@ def main() -> None:
     try:
         pristine = Pristine.load(PRISTINE_GIT)
         load_stats(pristine, STATS.read_bytes())
-        answer = {"diff": workspace_diff(WORKSPACE, pristine, STATE, limit)}
-    except WorkspaceError as exc:
-        answer = {"error": "workspace", "message": str(exc)}
-    except Exception as exc:  # reported to the host as the sandbox's failure
+    except Exception as exc:  # root's own state: reported to the host as the sandbox's failure
         answer = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
+    else:
+        answer = diff_answer(pristine, limit)
     sys.stdout.write(json.dumps(answer))
+
+
+def diff_answer(pristine: Pristine, limit: int) -> dict:
+    """The diff, or the error: a SandboxError is the sandbox's failure (``internal``); anything
+    else raised while reading the workspace came from what the agent left there (``workspace``),
+    as on the local backend (``gym_envs.envs.repo_env``)."""
+    try:
+        return {"diff": workspace_diff(WORKSPACE, pristine, STATE, limit)}
+    except WorkspaceError as exc:
+        return {"error": "workspace", "message": str(exc)}
+    except SandboxError as exc:
+        return {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
+    except Exception as exc:
+        return {"error": "workspace", "message": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
 if __name__ == "__main__":

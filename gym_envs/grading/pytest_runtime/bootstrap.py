@@ -16,6 +16,14 @@ interpreter's and the environment's own directories are importable. Then, in thi
    (what ``python -m pytest`` does), so entry points come only from installed distributions;
 5. the exit status is recorded, and is the process's exit status.
 
+Between 3 and 4, ``sys.pycache_prefix`` is set to :data:`NO_BYTECODE` (a path under ``/dev/null``,
+where nothing can ever be created), so every module imported from then on — the repository's, and
+pytest's assertion-rewritten test modules — is compiled from its source: no bytecode cache found
+in the tree (an image's own, or one the agent's patch slipped in) is read. Setting it on the command
+line instead would also recompile the stdlib and pytest on every run (1.5 s -> 5.2 s to import pytest
+on a loaded 2-core machine). Python < 3.8 has no pycache prefix, and it is not set when the
+repository is pytest itself (:func:`runner_is_the_repository`); there only the patch filter holds.
+
 Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
 """
 
@@ -31,6 +39,9 @@ import sysconfig
 WORKSPACE = os.getcwd()
 HERE = os.path.dirname(os.path.abspath(__file__))
 START_FAILED = "patchgym-runtime: the test runner could not start:"
+# A bytecode cache prefix that cannot hold a file (``/dev/null`` is not a directory, even for root):
+# reads find nothing, writes fail silently, and the code under test cannot plant a cache there.
+NO_BYTECODE = "/dev/null/patchgym-no-bytecode"
 # Plugins that pytest marks for assertion rewriting when a run loads them (``-p pytester`` declares
 # ``pytest_plugins = ["_pytest.pytester_assertions"]``): imported beforehand, pytest warns that it
 # cannot rewrite them, and under ``filterwarnings = error`` (pytest's own configuration) the run
@@ -142,6 +153,17 @@ def _preload_runner():
                 pass
 
 
+def runner_is_the_repository():
+    """Whether the pytest running is the repository's own (pytest-dev/pytest rows: installed from
+    the workspace by the environment build, as nothing else can make it so). Its tests write and
+    read bytecode caches in this process (assertion rewriting's pyc tests), so there the pycache
+    prefix is left alone and the patch filter alone keeps the agent's bytecode out."""
+    import _pytest
+
+    here = os.path.realpath(os.path.dirname(_pytest.__file__))
+    return here.startswith(os.path.realpath(WORKSPACE) + os.sep)
+
+
 def main():
     results = os.environ.pop("PATCHGYM_RESULTS", None)
     if not results:
@@ -154,6 +176,8 @@ def main():
         reporter = reporter_module.Reporter(results, WORKSPACE)
         _preload_runner()
         import pytest
+        if not runner_is_the_repository():
+            sys.pycache_prefix = NO_BYTECODE
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
         return 3

@@ -1,0 +1,368 @@
+"""Compiled code from the agent, and binary data that inflates without bound (issue 21).
+
+The attacks, written before the defenses:
+
+* a PEP 552 unchecked-hash ``<pkg>/__pycache__/<module>.cpython-XY.pyc`` holding the *fixed* module
+  (the interpreter uses it whatever the ``.py`` says, and ``-B`` stops writing bytecode, not reading
+  it): reward 1.0 on the local backend before the defense, with the graded source unchanged;
+* a sourceless ``<module>.pyc`` next to a deleted ``<module>.py`` (SourcelessFileLoader imports it);
+* a native extension name (``<module>.cpython-XY-<platform>.so``), which is imported before the
+  ``.py`` of the same name;
+* a binary modify section replacing a pyc already in the tree, and renames/copies onto such names.
+
+Each gives reward 0, ``resolved: false``, not masked, the compiled paths in ``ignored_paths``; gold
+with each payload still resolves (the payload is dropped). Apart from the filter, the test run
+itself never reads a bytecode cache from the tree (``sys.pycache_prefix``/``PYTHONPYCACHEPREFIX``
+under ``/dev/null``): shown by applying the pyc without the filter (:func:`testrun.probe`).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+import struct
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import pytest
+
+from gym_envs.grading.patch_apply import apply_patch
+from gym_envs.grading.patches import (
+    COMPILED,
+    MAX_BINARY_BLOCK,
+    PatchError,
+    drop_reason,
+    filter_agent_patch,
+    parse_patch,
+)
+from gym_envs.grading.pytest_runtime import bootstrap
+from gym_envs.grading.testrun import TestRun, run_tests
+from gym_envs.grading.verifier import Verifier
+from tasks.backends import sandbox_factory
+from tasks.model import Task
+from tests.test_reward_forgery import (
+    Ignored,
+    NoEffect,
+    Repo,
+    _git,
+    assert_refused,
+    describe,
+    report_dict,
+)
+
+TASK_ID = "patchgym__semverkit-1"
+
+
+# -- building the payloads ------------------------------------------------------------------------
+
+def _fixed_module(task: Task, repo: Repo) -> tuple[str, str]:
+    """The module the gold patch fixes, and its source after the fix."""
+    section = parse_patch(task.patch)[0]
+    path = section.new_path
+    assert path and path.endswith(".py")
+    repo_root = repo.root
+    (repo_root / ".pg-gold.diff").write_text(task.patch)
+    try:
+        _git(repo_root, "apply", ".pg-gold.diff")
+        fixed = (repo_root / path).read_text()
+    finally:
+        _git(repo_root, "reset", "-q", "--hard", task.base_commit)
+        _git(repo_root, "clean", "-q", "-fdx")
+    return path, fixed
+
+
+def _compile_in_sandbox(task: Task, backend: str, source: str, cached_name: str) -> tuple[bytes, str, str, bytes | None]:
+    """``source`` as an unchecked-hash pyc made by the task's own interpreter, its cache tag
+    (``cpython-311``) and extension suffix (``.cpython-311-x86_64-linux-gnu.so``), and the bytes of
+    the image's own ``<dir>/__pycache__/<cached_name>.<tag>.pyc`` if it has one (Docker images do)."""
+    sandbox = sandbox_factory(backend)(task)
+    try:
+        sandbox.write_file("pg_fixed.py", source)
+        script = ("import importlib.machinery as m, py_compile, sys; "
+                  "py_compile.compile('pg_fixed.py', cfile='pg_fixed.pyc', doraise=True, "
+                  "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH); "
+                  "print(sys.implementation.cache_tag); print(m.EXTENSION_SUFFIXES[0])")
+        result = sandbox.exec(f"python -c {shlex.quote(script)}", timeout=120)
+        assert result.ok, result.output
+        tag, suffix = result.output.split()[-2:]
+        try:
+            existing: bytes | None = sandbox.read_file(cached_name.replace("{tag}", tag))
+        except FileNotFoundError:
+            existing = None
+        return sandbox.read_file("pg_fixed.pyc"), tag, suffix, existing
+    finally:
+        sandbox.close()
+
+
+def modify_diff(path: str, old: bytes, new: bytes, scratch: Path) -> str:
+    """A binary modify section turning ``old`` into ``new`` at ``path`` (made in a scratch repository:
+    the file is the image's, not the repository's)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    _git(scratch, "init", "-q")
+    (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+    (scratch / path).write_bytes(old)
+    _git(scratch, "add", "-f", path)
+    _git(scratch, "commit", "-qm", "image")
+    (scratch / path).write_bytes(new)
+    return _git(scratch, "diff", "--binary", "--no-color", "HEAD")
+
+
+def binary_diff(repo: Repo, writes: dict[str, bytes | None]) -> str:
+    """A ``git diff --binary`` (against the base commit) writing bytes to, or deleting, files."""
+    try:
+        for path, data in writes.items():
+            target = repo.root / path
+            if data is None:
+                target.unlink()
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        _git(repo.root, "add", "-A", "-f")
+        return _git(repo.root, "diff", "--cached", "--binary", "--no-color", repo.task.base_commit)
+    finally:
+        _git(repo.root, "reset", "-q", "--hard", repo.task.base_commit)
+        _git(repo.root, "clean", "-q", "-fdx")
+
+
+class Payloads:
+    """The bytecode payloads for one task on one backend."""
+
+    def __init__(self, task: Task, repo: Repo, backend: str) -> None:
+        self.module, fixed = _fixed_module(task, repo)
+        head, _, name = self.module.rpartition("/")
+        self.pyc, self.tag, self.suffix, self.image_pyc = _compile_in_sandbox(
+            task, backend, fixed, f"{head}/__pycache__/{name[:-3]}.{{tag}}.pyc")
+        self.stem = f"{head}/{name[:-3]}" if head else name[:-3]
+        self.cached = f"{head}/__pycache__/{name[:-3]}.{self.tag}.pyc"
+        self.sourceless = f"{self.stem}.pyc"
+        self.native = f"{self.stem}{self.suffix}"
+        self.repo = repo
+
+    def unchecked_pycache(self) -> tuple[str, list[str]]:
+        return binary_diff(self.repo, {self.cached: self.pyc}), [self.cached]
+
+    def sourceless_module(self) -> tuple[str, list[str]]:
+        """The .py deleted and the fixed module as a sourceless .pyc in its place."""
+        return binary_diff(self.repo, {self.module: None, self.sourceless: self.pyc}), [self.sourceless]
+
+    def sourceless_beside_gold(self) -> tuple[str, list[str]]:
+        """Only the .pyc (with gold, which changes the .py, the deletion would not apply)."""
+        return binary_diff(self.repo, {self.sourceless: self.pyc}), [self.sourceless]
+
+    def image_pyc_replaced(self, scratch: Path) -> tuple[str, list[str]]:
+        """A binary modify section of the image's own pyc (its blob is readable in the workspace)."""
+        assert self.image_pyc is not None, "the image has no bytecode of its own"
+        return modify_diff(self.cached, self.image_pyc, self.pyc, scratch), [self.cached]
+
+    def native_name(self) -> tuple[str, list[str]]:
+        return binary_diff(self.repo, {self.native: b"\x7fELF not really a shared object\n"}), [self.native]
+
+
+PAYLOADS = ("unchecked_pycache", "sourceless_module", "native_name")
+BESIDE_GOLD = ("unchecked_pycache", "sourceless_beside_gold", "native_name")
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    from gym_envs import load_task_set
+
+    return load_task_set(None).get(TASK_ID)
+
+
+@pytest.fixture(scope="module")
+def repo(task, tmp_path_factory) -> Repo:
+    return Repo(task, tmp_path_factory.mktemp("bytecode-repo") / task.instance_id)
+
+
+@pytest.fixture(scope="module")
+def local_payloads(task, repo) -> Payloads:
+    return Payloads(task, repo, "local")
+
+
+# -- the attacks, through the verifier ------------------------------------------------------------
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_compiled_payload_gets_no_reward(payload, task, local_payloads):
+    patch, dropped = getattr(local_payloads, payload)()
+    report = Verifier(sandbox_factory("local")).verify(task, patch)
+    expect = Ignored(*dropped)
+    assert_refused(report_dict(report), task, expect, report.test_output)
+    assert all(report.ignored_paths and p in report.ignored_paths for p in dropped)
+
+
+@pytest.mark.parametrize("payload", BESIDE_GOLD)
+def test_gold_with_compiled_payload_still_resolves(payload, task, local_payloads):
+    patch, dropped = getattr(local_payloads, payload)()
+    report = Verifier(sandbox_factory("local")).verify(task, task.patch + patch)
+    d = report_dict(report)
+    assert report.resolved and report.reward == 1.0, describe(d, report.test_output)
+    assert not report.infrastructure_failure and not report.tampering_detected, describe(d)
+    assert report.ignored_paths == dropped
+
+
+def _run_with_pyc_in_tree(task: Task, backend: str, payloads: Payloads) -> TestRun:
+    """The hidden tests run with the forged pyc written straight into the grading sandbox's tree
+    (past the filter: as an image's own bytecode is there, or one the filter missed)."""
+    sandbox = sandbox_factory(backend)(task)
+    try:
+        assert apply_patch(sandbox, task.test_patch, fuzzy=False)
+        sandbox.write_file(payloads.cached, payloads.pyc)
+        return run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    finally:
+        sandbox.close()
+
+
+def test_bytecode_in_the_tree_is_not_read_by_the_test_run(task, local_payloads):
+    """The second line: the hidden tests still run the source, which is not fixed."""
+    run = _run_with_pyc_in_tree(task, "local", local_payloads)
+    assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
+
+
+def test_bytecode_in_the_tree_is_not_read_by_a_command_the_runtime_does_not_take_over(task, local_payloads):
+    """A test command run as written (not ``python -m pytest``/``pytest``) gets PYTHONPYCACHEPREFIX."""
+    spec = task.test_spec.model_copy(update={"command": "python -c 'import sys, pytest; sys.exit(pytest.main())'"})
+    own = task.model_copy(update={"test_spec": spec})
+    run = _run_with_pyc_in_tree(own, "local", local_payloads)
+    assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
+
+
+def test_the_prefix_is_left_alone_only_where_pytest_is_the_repository(monkeypatch):
+    """pytest-dev/pytest rows test pytest's own pyc writing in process: no prefix there."""
+    import _pytest
+
+    assert not bootstrap.runner_is_the_repository()
+    monkeypatch.setattr(bootstrap, "WORKSPACE", os.path.dirname(os.path.dirname(_pytest.__file__)))
+    assert bootstrap.runner_is_the_repository()
+
+
+def test_a_task_may_allow_compiled_files(task, local_payloads):
+    """The opt-in keeps them (the pyc is applied; the run still reads the source, so no reward)."""
+    patch, dropped = local_payloads.unchecked_pycache()
+    spec = task.test_spec.model_copy(update={"allow_compiled_files": True})
+    allowed = task.model_copy(update={"test_spec": spec})
+    report = Verifier(sandbox_factory("local")).verify(allowed, patch)
+    assert report.ignored_paths == [] and report.patch_successfully_applied, describe(report_dict(report))
+    assert_refused(report_dict(report), allowed, NoEffect(), report.test_output)
+
+
+def test_bytecode_on_docker_is_neither_applied_nor_read(task, repo, docker_base, tmp_path):
+    """Docker: the image has its own pycs under the repository; a binary modify section replacing
+    one with the fixed module is dropped, gold beside it still resolves, and a pyc written into
+    the image's tree is not read by the run."""
+    payloads = Payloads(task, repo, "docker")
+    patch, dropped = payloads.image_pyc_replaced(tmp_path / "scratch")
+    verifier = Verifier(sandbox_factory("docker"))
+    report = verifier.verify(task, patch)
+    assert_refused(report_dict(report), task, Ignored(*dropped), report.test_output)
+    gold = verifier.verify(task, task.patch + patch)
+    assert gold.resolved and gold.ignored_paths == dropped, describe(report_dict(gold), gold.test_output)
+    run = _run_with_pyc_in_tree(task, "docker", payloads)
+    assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
+    run = _run_with_pyc_in_tree(task, "docker", payloads)
+    assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
+
+
+# -- the filter, section by section -----------------------------------------------------------------
+
+def _literal(data: bytes) -> list[str]:
+    """A ``literal`` block of git's binary patch format."""
+    packed = zlib.compress(data)
+    rows = [f"literal {len(data)}"]
+    for k in range(0, len(packed), 52):
+        row = packed[k:k + 52]
+        size = len(row)
+        letter = chr(ord("A") + size - 1) if size <= 26 else chr(ord("a") + size - 27)
+        rows.append(letter + base64.b85encode(row.ljust((size + 3) // 4 * 4, b"\0")).decode())
+    return rows
+
+
+def _binary_section(header: str, forward: bytes, reverse: bytes, index: str) -> str:
+    return (header + f"index {index}\nGIT binary patch\n" + "\n".join(_literal(forward)) + "\n\n"
+            + "\n".join(_literal(reverse)) + "\n\n")
+
+
+@pytest.mark.parametrize("section", [
+    _binary_section("diff --git a/pkg/__pycache__/m.cpython-311.pyc b/pkg/__pycache__/m.cpython-311.pyc\n",
+                    b"\xa7\r\r\n" + b"\x03" * 12 + b"forged", b"\xa7\r\r\n" + b"\0" * 12 + b"image",
+                    "0123456789abcdef0123456789abcdef01234567..89abcdef0123456789abcdef0123456789abcdef 100644"),
+    _binary_section("diff --git a/pkg/m.pyc b/pkg/m.pyc\n", b"forged", b"image",
+                    "0123456789abcdef0123456789abcdef01234567..89abcdef0123456789abcdef0123456789abcdef 100644"),
+    "diff --git a/notes.txt b/pkg/m.pyc\nsimilarity index 100%\nrename from notes.txt\nrename to pkg/m.pyc\n",
+    "diff --git a/notes.txt b/pkg/__pycache__/m.cpython-311.pyc\nsimilarity index 100%\ncopy from notes.txt\n"
+    "copy to pkg/__pycache__/m.cpython-311.pyc\n",
+    "diff --git a/pkg/m.pyo b/pkg/m.pyo\ndeleted file mode 100644\n--- a/pkg/m.pyo\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n",
+    "diff --git a/pkg/m.abi3.so b/pkg/m.abi3.so\nnew file mode 100755\n--- /dev/null\n+++ b/pkg/m.abi3.so\n"
+    "@@ -0,0 +1 @@\n+x\n",
+    "diff --git a/pkg/M.PYD b/pkg/M.PYD\nnew file mode 100644\n--- /dev/null\n+++ b/pkg/M.PYD\n@@ -0,0 +1 @@\n+x\n",
+    "diff --git a/pkg/__pycache__/notes b/pkg/__pycache__/notes\nnew file mode 100644\n--- /dev/null\n"
+    "+++ b/pkg/__pycache__/notes\n@@ -0,0 +1 @@\n+x\n",
+], ids=["binary modify of a pycache pyc", "binary modify of a sourceless pyc", "rename onto a pyc",
+        "copy onto a pycache pyc", "delete a pyo", "add an abi3 .so", "add a .PYD", "anything in __pycache__"])
+def test_every_way_to_write_compiled_code_is_dropped(section):
+    files = parse_patch(section)
+    assert [drop_reason(f, set()) for f in files] == [COMPILED]
+    filtered = filter_agent_patch(section, set())
+    assert filtered.text == "" and filtered.dropped and set(filtered.reasons.values()) == {COMPILED}
+    assert drop_reason(files[0], set(), allow_compiled=True) is None
+    assert filter_agent_patch(section, set(), allow_compiled=True).dropped == []
+
+
+def test_source_files_with_compiled_looking_names_elsewhere_are_kept():
+    for path in ("pkg/pyc.py", "pkg/so_utils.py", "docs/pycache.md", "pkg/extension.c"):
+        section = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"
+        assert filter_agent_patch(section, set()).dropped == [], path
+
+
+# -- bounded inflation ----------------------------------------------------------------------------
+
+def _zero_bomb(size: int) -> bytes:
+    """A zlib stream of ``size`` zero bytes, built without ever holding them: 1 MiB of zeros
+    deflated once and repeated (full flushes make each copy stand alone), then a final empty block
+    and the Adler-32 of the zeros (a = 1, b = size mod 65521)."""
+    mib = 1 << 20
+    assert size % mib == 0
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    segment = deflate.compress(bytes(mib)) + deflate.flush(zlib.Z_FULL_FLUSH)
+    final = zlib.compressobj(9, zlib.DEFLATED, -15).flush()
+    adler = ((size % 65521) << 16) | 1
+    return b"\x78\xda" + segment * (size // mib) + final + struct.pack(">I", adler)
+
+
+def _bomb_patch(packed: bytes, declared: int) -> str:
+    rows = []
+    for k in range(0, len(packed), 52):
+        row = packed[k:k + 52]
+        letter = chr(ord("A") + len(row) - 1) if len(row) <= 26 else chr(ord("a") + len(row) - 27)
+        rows.append(letter + base64.b85encode(row.ljust((len(row) + 3) // 4 * 4, b"\0")).decode())
+    return ("diff --git a/blob.bin b/blob.bin\nnew file mode 100644\nindex 0000000..1111111\nGIT binary patch\n"
+            f"literal {declared}\n" + "\n".join(rows) + "\n\nliteral 0\nHcmV?d00001\n\n")
+
+
+def test_the_zero_bomb_is_what_it_says():
+    assert zlib.decompress(_zero_bomb(3 << 20)) == bytes(3 << 20)
+
+
+@pytest.mark.parametrize("declared", [1 << 30, 10], ids=["declared 1 GiB", "declared 10 bytes"])
+def test_a_small_patch_inflating_to_a_gibibyte_is_refused_in_bounded_memory(declared):
+    packed = _zero_bomb(1 << 30)  # ~1 MiB of zlib, 1 GiB inflated
+    patch = _bomb_patch(packed, declared)
+    assert len(patch) < 4 << 20
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        with pytest.raises(PatchError, match="binary") as raised:
+            filter_agent_patch(patch, set())
+        peak = tracemalloc.get_traced_memory()[1] - baseline
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * len(patch) + (8 << 20), f"parsing took {peak >> 20} MiB"
+    assert str(MAX_BINARY_BLOCK) in str(raised.value) or "more than 10 bytes" in str(raised.value)
+
+
+def test_an_inflating_patch_is_the_agents_failure(task):
+    patch = _bomb_patch(_zero_bomb(64 << 20), 10)
+    report = Verifier(sandbox_factory("local")).verify(task, patch)
+    assert_refused(report_dict(report), task, NoEffect(), report.test_output)
+    assert "binary patch data holds more than 10 bytes" in report.error
