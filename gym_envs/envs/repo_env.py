@@ -29,6 +29,7 @@ from gym_envs.envs.common import (
 from gym_envs.envs.spaces import UnicodeText
 from gym_envs.envs.tools import StrReplaceEditor, ToolError
 from gym_envs.grading.cost import CostMeter, Prices
+from gym_envs.grading.labels import Outcome, of_infrastructure
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
 from sandboxes.base import usage_of
@@ -163,6 +164,8 @@ class RepoEnv(gym.Env[str, Any]):
             "test_command": self.task.test_spec.command,
             "infrastructure_failure": self._start_error is not None,
         }
+        if self._start_error is not None:
+            info["outcome"] = str(of_infrastructure(self._start_error))
         placement = getattr(self.sandbox, "placement", None)
         if placement and self._start_error is None:
             info["placement"] = dict(placement)  # ray backend: the node, and this sandbox's warm-up
@@ -271,7 +274,8 @@ class RepoEnv(gym.Env[str, Any]):
             return self._finish(report, None, info, truncated=truncated, observation=observation)
         except WorkspaceError as exc:  # the agent's own doing: scored 0, never masked
             report = InstanceReport(instance_id=self.task.instance_id, patch_exists=True,
-                                    error=f"the workspace cannot be diffed: {exc}")
+                                    error=f"the workspace cannot be diffed: {exc}",
+                                    outcome=Outcome.AGENT_FAILURE)
             return self._finish(report, None, info, truncated=truncated, observation=observation)
         self._close_sandbox()  # grading uses a fresh sandbox; free this one first
         report = self.verifier.verify(self.task, patch, run_empty=True)
