@@ -7,7 +7,9 @@ evaluates only what the constants are written with — literals, names assigned 
 a sibling module a star import names), ``{**A, **B}``, comprehensions and ``for`` loops over
 what it already knows, ``if k in [...]``, ``+`` of lists and strings, subscript assignment,
 the methods ``update``/``extend``/``append``/``keys``/``values``/``items``/``copy``/``get`` of
-dicts and lists, and ``int``/``str``/``float``/``list``/``dict``. A statement written with
+dicts and lists and ``replace``/``split``/``strip``/``join`` and the like of strings (not
+``format``, which reads attributes), and ``int``/``str``/``float``/``list``/``dict``; strings and
+containers are capped in size (a loop that doubles one stops there). A statement written with
 anything else (an import of another package, a class, a function call) is skipped, with the
 names it would have defined left undefined.
 
@@ -35,9 +37,11 @@ REPLACE_NAME = "REPLACE_REQ_PACKAGES"
 #: ``REPLACE_REQ_PACKAGES`` of SWE-bench's harness (swebench/harness/test_spec/python.py).
 HARNESS_REPLACE_REQ_PACKAGES: tuple[tuple[str, str | None], ...] = (("types-pkg_resources", "types-setuptools"),)
 _METHODS = {dict: {"update", "keys", "values", "items", "copy", "get"},
-            list: {"extend", "append", "copy"}}
+            list: {"extend", "append", "copy"},
+            str: {"replace", "split", "strip", "lower", "upper", "startswith", "endswith", "join"}}
 _CALLS: dict[str, Callable[..., Any]] = {"int": int, "str": str, "float": float, "list": list, "dict": dict}
-_MAX_ITEMS = 100_000  # no loop or comprehension of the constants comes near this
+_MAX_ITEMS = 100_000  # no loop, comprehension, list or string of the constants comes near this
+_MAX_CHARS = 1_000_000
 
 
 class ConstantsError(ValueError):
@@ -107,6 +111,14 @@ class _Reader:
             raise _Unsupported(type(target).__name__)
 
     @staticmethod
+    def sized(value: Any) -> Any:
+        """``value``, unless it is a string or container past the limits (doubling in a loop)."""
+        limit = _MAX_CHARS if isinstance(value, str) else _MAX_ITEMS
+        if isinstance(value, (str, list, tuple, dict, set)) and len(value) > limit:
+            raise _Unsupported("too large")
+        return value
+
+    @staticmethod
     def bounded(items: Any) -> list[Any]:
         if not isinstance(items, (list, tuple, dict, set, str, type({}.keys()), type({}.values()),
                                   type({}.items()))):
@@ -150,7 +162,7 @@ class _Reader:
             left, right = self.expr(node.left, scope), self.expr(node.right, scope)
             if type(left) is not type(right) or not isinstance(left, (list, tuple, str)):
                 raise _Unsupported("+")
-            return left + right
+            return self.sized(left + right)
         if isinstance(node, ast.Subscript):
             return self.expr(node.value, scope)[self.expr(node.slice, scope)]
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
@@ -174,7 +186,9 @@ class _Reader:
             if isinstance(node.func, ast.Attribute):
                 receiver = self.expr(node.func.value, scope)
                 if node.func.attr in _METHODS.get(type(receiver), ()):
-                    return getattr(receiver, node.func.attr)(*args)
+                    result = getattr(receiver, node.func.attr)(*args)
+                    self.sized(receiver)  # extend(itself) in a loop must not grow without bound
+                    return self.sized(result)
         raise _Unsupported(type(node).__name__)
 
     def comprehension(self, node: ast.DictComp | ast.ListComp | ast.SetComp, scope: dict[str, Any]) -> Any:

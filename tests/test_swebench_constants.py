@@ -14,6 +14,7 @@ from tasks.swebench_constants import (
     HARNESS_REPLACE_REQ_PACKAGES,
     clean_requirements,
     read_constants,
+    read_python_constants,
     requirements_at,
 )
 from tasks.swebench_io import import_rows, load_spec_tables
@@ -64,12 +65,20 @@ def test_the_source_is_never_run(tmp_path):
         f"open({str(marker)!r}, 'w').write('x')\n"
         f"__import__('os').system('touch {marker}')\n"
         "X = [1] * 10**12\n"
+        "L = ['x']\n"
+        f"for i in {[0] * 64}:\n    L.extend(L)\n"
+        "S = 'a'\n"
+        f"for i in {[0] * 64}:\n    S = S + S\n"
+        "F = '{0.__class__.__mro__}'.format(1)\n"
         "def f():\n    pass\n"
         f"SPECS = {{'1.0': {{'python': '3.9', 'install': (lambda: __import__('os').system('touch {marker}'))()}}}}\n"
         "MAP_REPO_VERSION_TO_SPECS = {'a/b': {'2.0': {'python': '3.11'}}, **{'c/d': {'1': {}}}}\n"
         "MAP_REPO_VERSION_TO_SPECS['e/f'] = {'1': {'python': str(3.10)}}\n")
     tables = read_constants(tmp_path)
     assert not marker.exists()
+    names = read_python_constants(tmp_path)
+    assert "X" not in names and "F" not in names and "os" not in names and "f" not in names
+    assert len(names["L"]) <= 200_000 and len(names["S"]) <= 1_000_000  # doubling stopped at the caps
     assert tables.specs == {"a/b": {"2.0": {"python": "3.11"}}, "c/d": {"1": {}}, "e/f": {"1": {"python": "3.1"}}}
 
 
