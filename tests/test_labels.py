@@ -167,3 +167,16 @@ def test_every_label_is_in_the_docs_table():
     table = (Path(__file__).parent.parent / "docs" / "swebench.md").read_text()
     for outcome in Outcome:
         assert f"| `{outcome.value}` |" in table
+
+
+def test_a_collection_error_could_not_start(verifier, calc_task):
+    """The agent's patch breaks the module the hidden tests import: a collection error (pytest
+    exits 4 here: the requested node ids found no collectors; 2 when whole files are run), no
+    test ran."""
+    broken = ("diff --git a/calc/__init__.py b/calc/__init__.py\n--- a/calc/__init__.py\n+++ b/calc/__init__.py\n"
+              "@@ -1,2 +1,3 @@\n \"\"\"Small numeric helpers.\"\"\"\n+import missing_helpers_module\n \n")
+    report = verifier.verify(calc_task, broken)
+    assert report.test_exit_code in (2, 4) and not report.tampering_detected, report.tampering_reason
+    assert report.outcome is Outcome.TESTS_COULD_NOT_START
+    assert report.outcome_detail == "ModuleNotFoundError: No module named 'missing_helpers_module'"
+    assert report.reward == 0.0 and not report.infrastructure_failure
