@@ -180,3 +180,25 @@ def test_a_collection_error_could_not_start(verifier, calc_task):
     assert report.outcome is Outcome.TESTS_COULD_NOT_START
     assert report.outcome_detail == "ModuleNotFoundError: No module named 'missing_helpers_module'"
     assert report.reward == 0.0 and not report.infrastructure_failure
+
+
+def test_the_same_label_in_repo_env_info_and_the_eval_run_report(calc_tasks_file, calc_task, verifier, tmp_path):
+    import gymnasium as gym
+
+    import gym_envs  # noqa: F401  (registers the environments)
+    from gym_envs.grading.evaluation import evaluate
+    from tasks.catalog import load_task_set
+    from tasks.predictions import Prediction
+
+    env = gym.make("patchgym/RepoEnv-v0", tasks=str(calc_tasks_file), max_steps=5)
+    try:
+        env.reset()
+        *_, info = env.step({"name": "submit", "arguments": {}})
+    finally:
+        env.close()
+    assert info["outcome"] == "unresolved" and info["report"]["outcome"] == "unresolved"
+    predictions = {calc_task.instance_id: Prediction(instance_id=calc_task.instance_id, model_patch=calc_task.patch,
+                                                     model_name_or_path="gold")}
+    summary = evaluate(load_task_set(calc_tasks_file), predictions, tmp_path / "run", verifier=verifier)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert summary.outcome_ids == report["outcome_ids"] == {"resolved": [calc_task.instance_id]}
