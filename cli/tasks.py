@@ -122,7 +122,9 @@ def import_swebench(
         "or a clone URL: https://github.com, or a template with {repo}, {owner}, {name} (cloned once, cached).")],
     output: Annotated[Path, typer.Option("--output", help="Task file to write (.jsonl, or .json for an array).")],
     specs: Annotated[Path | None, typer.Option(
-        "--specs", help='Install configs by repository and version (JSON: {"owner/name": {"<version>": {...}}}).',
+        "--specs", help='Install configs by repository and version: SWE-bench\'s harness constants (the '
+             'swebench/harness/constants directory or a file of it, read without running it, or JSON of its '
+             'tables), or JSON {"owner/name": {"<version>": {...}}}.',
     )] = None,
     validate: Annotated[bool, typer.Option(
         "--validate/--no-validate", help="Run the gold and empty patches; write only the tasks that pass.")] = True,

@@ -26,6 +26,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from .base import EnvironmentBuildError
+from .build_errors import step_failed
 from .installer import installer_choice, uv_executable, uv_install_argv
 from .lifetime import run_checked
 from .locks import file_lock
@@ -390,14 +391,13 @@ def run_logged(argv: list[str], log_file: Path, *, cwd: Path, env: dict[str, str
     with log_file.open("ab") as fh:
         fh.write(f"$ {' '.join(argv)}\n".encode())
         fh.flush()
+        since = fh.tell()
         try:
             proc = run_checked(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                cwd=cwd, env=env, timeout=BUILD_TIMEOUT, pass_fds=pass_fds)
         except subprocess.TimeoutExpired:
-            raise EnvironmentBuildError(f"environment step timed out: {' '.join(argv)}") from None
+            raise EnvironmentBuildError(step_failed("environment step", " ".join(argv), log_file, since=since,
+                                                    timed_out=True)) from None
     if proc.returncode != 0:
-        tail = log_file.read_text(errors="replace")[-3000:]
-        raise EnvironmentBuildError(
-            f"environment step failed (exit {proc.returncode}): {' '.join(argv)}\n"
-            f"log: {log_file}\n{tail}"
-        )
+        raise EnvironmentBuildError(step_failed("environment step", " ".join(argv), log_file,
+                                                exit_code=proc.returncode, since=since))

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gym_envs.grading.labels import settle
 from gym_envs.rollouts.model import ModelConfig
 from gym_envs.rollouts.run import trajectory_line
 from sandboxes import SandboxError
@@ -224,7 +225,8 @@ def create_app(
         trajectory = trajectory_line(episode)
         return RolloutResponse(reward=episode.reward, resolved=episode.resolved,
                                mask_sample=episode.outcome == "masked", outcome=episode.outcome,
-                               end_reason=episode.end_reason, mask_reason=episode.mask_reason, trajectory=trajectory)
+                               end_reason=episode.end_reason, mask_reason=episode.mask_reason,
+                               grading_outcome=episode.grading_outcome, trajectory=trajectory)
 
     # -- stateless ------------------------------------------------------------------------
 
@@ -233,7 +235,9 @@ def create_app(
         """Grade a patch for a task in a fresh sandbox (no session needed)."""
         report = await service.verify(body.instance_id, body.patch)
         return VerifyResponse(reward=report.reward, resolved=report.resolved,
-                              infrastructure_failure=report.infrastructure_failure, report=report.swebench_dict())
+                              infrastructure_failure=report.infrastructure_failure,
+                              outcome=str(settle(report).outcome), outcome_detail=report.outcome_detail,
+                              report=report.swebench_dict())
 
     @app.get("/v1/tasks", response_model=list[TaskView], tags=["tasks"], responses={**AUTH_ERRORS})
     async def list_tasks(who: Owner) -> list[TaskView]:

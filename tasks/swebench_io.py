@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import re
 import shlex
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -50,6 +51,15 @@ from tasks.model import (
     TestFormat,
     TestSpec,
     _format_error,
+)
+from tasks.swebench_constants import (
+    SPECS_NAME,
+    ConstantsError,
+    HarnessConstants,
+    clean_requirements,
+    is_constants_json,
+    read_constants,
+    requirements_at,
 )
 
 log = logging.getLogger(__name__)
@@ -74,6 +84,7 @@ _SYSTEM_STEP = re.compile(r"\b(?:apt-get|apt|dpkg|locale-gen|update-locale)\b|>\
 
 # What SWE-bench keeps outside its rows for its own repositories, per repository and version.
 BUILTIN_SPECS = Path(__file__).with_name("specs") / "swebench.json"
+REQS_HEREDOC = "PATCHGYM_REQUIREMENTS_EOF"
 
 TestsEncoding = Literal["json", "list", "source"]
 RowFormat = Literal["jsonl", "json"]
@@ -208,6 +219,8 @@ def load_specs(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
             data = json.loads(text)
     except (json.JSONDecodeError, ValueError) as exc:
         raise TaskFileError(f"{path}: invalid specs file: {exc}") from None
+    if is_constants_json(data):
+        data = data[SPECS_NAME]
     if not isinstance(data, dict):
         raise TaskFileError(f"{path}: expected an object of repositories, each an object of versions")
     data = {repo: versions for repo, versions in data.items() if not repo.startswith("_")}  # "_source": notes
@@ -215,6 +228,54 @@ def load_specs(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
         if not isinstance(versions, dict) or not all(isinstance(v, dict) for v in versions.values()):
             raise TaskFileError(f"{path}: {repo!r}: expected an object of versions, each an install config object")
     return {repo: {str(v): cfg for v, cfg in versions.items()} for repo, versions in data.items()}
+
+
+def load_spec_tables(path: Path) -> HarnessConstants:
+    """``--specs``: SWE-bench's harness constants (the ``swebench/harness/constants`` directory, a
+    Python file of it, or JSON with its names; :mod:`tasks.swebench_constants`) or a spec map
+    alone (JSON/YAML, :func:`load_specs`, with SWE-bench's harness's package rewrites)."""
+    try:
+        if path.is_dir() or path.suffix == ".py":
+            return read_constants(path)
+        if path.suffix == ".json" and is_constants_json(json.loads(path.read_text(encoding="utf-8"))):
+            return read_constants(path)
+    except ConstantsError as exc:
+        raise TaskFileError(str(exc)) from None
+    except (OSError, ValueError):
+        pass  # load_specs says what is wrong with it
+    return HarnessConstants(specs=load_specs(path))
+
+
+def _git_reader(repo_path: str, commit: str) -> Callable[[str], str | None]:
+    """Reads a file at ``commit`` of a local repository (a checkout or a mirror); None when absent."""
+    def read(path: str) -> str | None:
+        proc = subprocess.run(["git", "-C", repo_path, "show", f"{commit}:{posixpath.normpath(path)}"],
+                              capture_output=True, timeout=60, check=False)
+        return proc.stdout.decode("utf-8", errors="replace") if proc.returncode == 0 else None
+    return read
+
+
+def _read_requirements(row: Mapping[str, Any], repo: str, repo_path: str | None, config: Mapping[str, Any],
+                       constants: HarnessConstants | None, result: ImportResult) -> tuple[str, str] | None:
+    """A spec's requirement file as SWE-bench's harness reads it: the first of
+    ``MAP_REPO_TO_REQS_PATHS[repo]`` at the row's ``environment_setup_commit`` (else its base
+    commit), with its ``-r`` files, and ``REPLACE_REQ_PACKAGES`` applied. None when the spec
+    needs none, names its own ``reqs_path``, or the file cannot be read here (then it is
+    installed from the checkout at build time, as before)."""
+    declared = config.get("packages")
+    if (constants is None or not isinstance(declared, str) or declared.strip() != "requirements.txt"
+            or config.get("reqs_path") or repo not in constants.reqs_paths):
+        return None
+    paths = constants.reqs_paths[repo]
+    commit = row.get("environment_setup_commit") or row.get("base_commit")
+    found = None
+    if repo_path and not is_url(repo_path) and isinstance(commit, str) and commit:
+        found = requirements_at(_git_reader(repo_path, commit), paths)
+    if found is None:
+        result.warn(f"{repo}: none of {', '.join(paths)} could be read at {str(commit)[:12]} here; "
+                    f"installed from the checkout at build time, without SWE-bench's package rewrites")
+        return None
+    return found[0], clean_requirements(found[1], constants.replace_req_packages)
 
 
 @cache
@@ -263,14 +324,26 @@ def _requirements_step(path: str) -> str:
             f"else echo {shlex.quote(f'{path}: not in this checkout, not installed')} >&2; fi")
 
 
-def environment_from_config(config: Mapping[str, Any], repo: str) -> tuple[EnvironmentConfig, TestSpec, list[str]]:
+def _requirements_text_step(path: str, text: str) -> str:
+    """Install requirements read when the task was made (SWE-bench's harness writes them into the
+    build the same way, as a here-document)."""
+    body = text if text.endswith("\n") else text + "\n"
+    return (f"# {path} at the environment's commit, as SWE-bench's harness installs it\n"
+            f"python -m pip install -r /dev/stdin <<'{REQS_HEREDOC}'\n{body}{REQS_HEREDOC}")
+
+
+def environment_from_config(config: Mapping[str, Any], repo: str, *, requirements: tuple[str, str] | None = None
+                            ) -> tuple[EnvironmentConfig, TestSpec, list[str]]:
     """An ``install_config`` (SWE-rebench) or a SWE-bench spec as patchgym's environment and test
-    spec, with warnings for what could not be carried over."""
+    spec, with warnings for what could not be carried over. ``requirements`` (path, text) are the
+    spec's requirement file as read at the row's environment commit (:func:`_read_requirements`)."""
     warnings: list[str] = []
     packages: list[str] = []
     install: list[str] = []
     declared = config.get("packages")
-    if isinstance(declared, str) and declared.strip() == "requirements.txt":
+    if isinstance(declared, str) and declared.strip() == "requirements.txt" and requirements is not None:
+        install.append(_requirements_text_step(*requirements))
+    elif isinstance(declared, str) and declared.strip() == "requirements.txt":
         reqs = _as_list(config.get("reqs_path"))
         install += [_requirements_step(r) for r in reqs] or [
             f"for f in {' '.join(REQS_CANDIDATES)}; do if [ -f \"$f\" ]; then exec python -m pip install -r \"$f\"; "
@@ -339,7 +412,7 @@ def _install_config(row: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def import_rows(rows: Iterable[tuple[str, Any]], *, repos: str | Path, output: Path,
                 specs: Mapping[str, Mapping[str, dict[str, Any]]] | None = None, origin: str = "",
-                selection: Selection = "files") -> ImportResult:
+                selection: Selection = "files", constants: HarnessConstants | None = None) -> ImportResult:
     """Make tasks of SWE-bench rows (``(where, row)`` pairs) to be written to ``output``; each
     row's repository is found in the directory ``repos`` or is ``repos`` as a clone URL
     (:func:`clone_url`). A test spec made here (not the row's own) runs pytest with ``selection``:
@@ -381,7 +454,9 @@ def import_rows(rows: Iterable[tuple[str, Any]], *, repos: str | Path, output: P
                 augmented[key] = value
         missing = [k for k in ("environment", "test_spec") if k not in augmented]
         if missing:
-            environment, test_spec, source = _environment_for(row, repo, specs, result)
+            local = None if is_url(repo_path) else str((output_dir / repo_path).resolve())
+            environment, test_spec, source = _environment_for(row, repo, specs, result, constants=constants,
+                                                              repo_path=local)
             if "environment" in missing:
                 augmented["environment"] = environment.model_dump()
             if "test_spec" in missing:
@@ -424,7 +499,8 @@ def _drop_non_tests(task: Task, result: ImportResult) -> None:
 
 
 def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapping[str, dict[str, Any]]] | None,
-                     result: ImportResult) -> tuple[EnvironmentConfig, TestSpec, str]:
+                     result: ImportResult, *, constants: HarnessConstants | None = None,
+                     repo_path: str | None = None) -> tuple[EnvironmentConfig, TestSpec, str]:
     version = row.get("version")
     config, source = _install_config(row), "install_config"
     if config is None:
@@ -437,7 +513,8 @@ def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapp
                     f"{environment.python}, packages {environment.packages}, install {environment.install}, "
                     f"{test_spec.format} runner)")
         return environment, test_spec, "defaults"
-    environment, test_spec, warnings = environment_from_config(config, repo)
+    requirements = _read_requirements(row, repo, repo_path, config, constants, result) if source == "specs" else None
+    environment, test_spec, warnings = environment_from_config(config, repo, requirements=requirements)
     for message in warnings:
         result.warn(f"{repo} {version}: {message}")
     return environment, test_spec, source
@@ -451,9 +528,10 @@ def import_swebench(source: str | Path, *, repos: str | Path, output: Path,
 
     if not is_url(str(repos)) and not Path(repos).is_dir():
         raise TaskFileError(f"{repos}: not a directory of repositories, nor a clone URL")
-    specs = load_specs(specs_path) if specs_path else None
+    constants = load_spec_tables(specs_path) if specs_path else None
     rows = read_source_rows(source)
-    return import_rows(rows, repos=repos, output=output, specs=specs, origin=str(source), selection=selection)
+    return import_rows(rows, repos=repos, output=output, specs=constants.specs if constants else None,
+                       origin=str(source), selection=selection, constants=constants)
 
 
 # --- export ---------------------------------------------------------------------------------------

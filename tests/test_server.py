@@ -100,8 +100,9 @@ def test_verify_is_stateless(http, calc_task):
     r = http.post("/v1/verify", json={"instance_id": TASK, "patch": calc_task.patch}).json()
     assert r["reward"] == 1.0 and r["resolved"] and not r["infrastructure_failure"]
     assert r["report"]["instance_id"] == TASK
+    assert r["outcome"] == r["report"]["outcome"] == "resolved" and r["outcome_detail"] is None
     r = http.post("/v1/verify", json={"instance_id": TASK, "patch": ""}).json()
-    assert r["reward"] == 0.0 and not r["resolved"]
+    assert r["reward"] == 0.0 and not r["resolved"] and r["outcome"] == "unresolved"
     assert http.post("/v1/verify", json={"instance_id": "nope", "patch": ""}).status_code == 404
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from gym_envs.grading.labels import settle
 from gym_envs.grading.verifier import InstanceReport
 from tasks.catalog import TaskSet, load_task_set
 from tasks.model import Task
@@ -60,5 +61,7 @@ def grading_info(report: InstanceReport, patch: str | None) -> dict[str, Any]:
         "resolved": report.resolved,
         "infrastructure_failure": report.infrastructure_failure,
         "infrastructure_failure_reason": report.infrastructure_failure_reason,
+        "outcome": str(settle(report).outcome),  # gym_envs.grading.labels: one vocabulary everywhere
+        "outcome_detail": report.outcome_detail,
         "patch": patch or "",
     }

@@ -30,6 +30,7 @@ from gym_envs.envs.common import (
 from gym_envs.envs.spaces import UnicodeText
 from gym_envs.envs.tools import StrReplaceEditor, ToolError
 from gym_envs.grading.cost import CostMeter, Prices
+from gym_envs.grading.labels import Outcome, of_infrastructure
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
 from sandboxes.base import usage_of
@@ -166,6 +167,8 @@ class RepoEnv(gym.Env[str, Any]):
             "test_command": self.task.test_spec.command,
             "infrastructure_failure": self._start_error is not None,
         }
+        if self._start_error is not None:
+            info["outcome"] = str(of_infrastructure(self._start_error))
         placement = getattr(self.sandbox, "placement", None)
         if placement and self._start_error is None:
             info["placement"] = dict(placement)  # ray backend: the node, and this sandbox's warm-up
@@ -279,7 +282,8 @@ class RepoEnv(gym.Env[str, Any]):
                 log.warning("%s: the workspace diff raised", self.task.instance_id, exc_info=True)
             reason = str(exc) if isinstance(exc, WorkspaceError) else f"{type(exc).__name__}: {exc}"
             report = InstanceReport(instance_id=self.task.instance_id, patch_exists=True,
-                                    error=f"the workspace cannot be diffed: {reason[:2000]}")
+                                    error=f"the workspace cannot be diffed: {reason[:2000]}",
+                                    outcome=Outcome.AGENT_FAILURE)
             return self._finish(report, None, info, truncated=truncated, observation=observation)
         self._close_sandbox()  # grading uses a fresh sandbox; free this one first
         report = self.verifier.verify(self.task, patch, run_empty=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_envs.grading.cost import summarize
+from gym_envs.grading.labels import settle
 from gym_envs.grading.parallel import run_parallel
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from tasks.catalog import TaskSet
@@ -40,6 +41,8 @@ class RunSummary:
     empty_patch_ids: list[str] = field(default_factory=list)
     error_ids: list[str] = field(default_factory=list)
     resumed_ids: list[str] = field(default_factory=list)  # already reported by an earlier run
+    # instance ids by how their grading ended (gym_envs.grading.labels)
+    outcome_ids: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
     cost: dict[str, Any] | None = None  # per instance graded: gym_envs.grading.cost.summarize
 
@@ -51,6 +54,7 @@ class RunSummary:
         for name in ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error"):
             out[f"{name}_ids"] = sorted(getattr(self, f"{name}_ids"))
         out["resumed_ids"] = sorted(self.resumed_ids)
+        out["outcome_ids"] = {label: sorted(ids) for label, ids in sorted(self.outcome_ids.items())}
         out["schema_version"] = 2
         out["seconds"] = round(self.seconds, 2)
         out["cost"] = self.cost
@@ -126,6 +130,7 @@ def evaluate(
                                     patch_exists=bool(pred.model_patch and pred.model_patch.strip()),
                                     infrastructure_failure=True,
                                     infrastructure_failure_reason=f"harness error: {type(exc).__name__}: {exc}")
+            settle(report)
         write_instance(output, report, pred.model_patch)
         return report
 
@@ -137,7 +142,8 @@ def evaluate(
     run_parallel(run_one, todo, workers, finished)
 
     for instance_id in summary.submitted_ids:
-        report = reports[instance_id]
+        report = settle(reports[instance_id])
+        summary.outcome_ids.setdefault(str(report.outcome), []).append(instance_id)
         if report.infrastructure_failure:
             summary.error_ids.append(instance_id)
             continue

@@ -33,6 +33,7 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
+from gym_envs.grading.labels import NOT_STARTED_EXIT_CODES
 from gym_envs.grading.outcome import TestStatus, lookup
 from gym_envs.grading.pyast import parse as parse_python
 
@@ -280,6 +281,10 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
                     "registered called its test function instead")
         if record.reported_twice:
             return f"a test was reported twice: {record.reported_twice[0]}"
+        if junit is None and record.exit_code in NOT_STARTED_EXIT_CODES and not record.statuses:
+            # pytest stopped before its junit plugin was set up (a conftest that cannot be
+            # imported: exit 4) and ran no test: the tests could not start, which is no forgery.
+            return None
         if junit is None:
             return "pytest's junit report is missing although the runner finished"
     for test_id in requested + (canaries.ids if canaries else []):

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gym_envs.grading import integrity, runners
+from gym_envs.grading import integrity, labels, runners
 from gym_envs.grading.outcome import JunitError, TestStatus, parse_junit
 from gym_envs.grading.patch_apply import apply_patch
 from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
@@ -54,6 +54,9 @@ class TestRun:
     # CPU time of the test command's whole process tree (None where the backend cannot measure it):
     # the tests' own cost, kept apart from the environment's (gym_envs.grading.cost).
     cpu_seconds: float | None = None
+    # The runner ran but no test did (a collection, import or usage error): its first error line
+    # (gym_envs.grading.labels.TESTS_COULD_NOT_START).
+    could_not_start: str | None = None
 
     @property
     def passed(self) -> set[str]:
@@ -138,6 +141,8 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
                                                                       if result.timed_out else "")
         return run
     run.undeclared_xfail = record.undeclared_xfail if record is not None else set()
+    if record is not None and run.tampering is None and not result.timed_out:
+        run.could_not_start = labels.could_not_start(record.exit_code, bool(record.statuses), result.output)
     if junit_statuses is not None:
         hidden = set(canaries.ids) if canaries else set()
         run.statuses = {t: s for t, s in junit_statuses.items() if t not in hidden}
@@ -224,6 +229,8 @@ def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     if not run.statuses:
         run.error = (f"no test results in the {spec.format} runner's output"
                      + (" (the test run timed out)" if result.timed_out else ""))
+        if not result.timed_out and result.exit_code:
+            run.could_not_start = labels.first_error_line(text) or run.error
     return run
 
 

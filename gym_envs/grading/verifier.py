@@ -23,12 +23,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gym_envs.grading.cost import CostMeter, EpisodeCost, Prices
+from gym_envs.grading.labels import Outcome, settle
 from gym_envs.grading.outcome import grade
 from gym_envs.grading.patch_apply import GIT_APPLY, PATCH_FILE, apply_patch
 from gym_envs.grading.patches import PatchError, filter_agent_patch, parse_patch, touched_paths
 from gym_envs.grading.runners import changed_test_files
 from gym_envs.grading.testrun import run_tests
-from sandboxes import Sandbox, SandboxError
+from sandboxes import EnvironmentBuildError, Sandbox, SandboxError
 from sandboxes.base import usage_of
 from tasks.backends import SandboxFactory, make_sandbox
 from tasks.model import Task
@@ -60,6 +61,9 @@ class InstanceReport(BaseModel):
     tampering_detected: bool = Field(False, description="the test results show signs of forgery (reward 0)")
     tampering_reason: str | None = None
     missing_tests: list[str] = Field(default_factory=list)
+    outcome: Outcome | None = Field(None, description="how the grading ended, one label of "
+                                                      "gym_envs.grading.labels (the same everywhere)")
+    outcome_detail: str | None = Field(None, description="why: the first error line, the reason")
     duration_seconds: float = 0.0
     placement: dict[str, Any] | None = Field(
         None, description="where the grading sandbox ran (ray backend: node, warm-up, first on its node)")
@@ -88,7 +92,7 @@ class Verifier:
         with meter.charging():
             report = self._verify(task, patch, meter, model_name=model_name, run_empty=run_empty)
         report.cost = meter.result(self.prices)
-        return report
+        return settle(report)
 
     def _verify(self, task: Task, patch: str | None, meter: CostMeter, *, model_name: str | None,
                 run_empty: bool) -> InstanceReport:
@@ -106,6 +110,7 @@ class Verifier:
                 # Nothing to apply (or nothing it is safe to read): the agent's failure, said without
                 # paying for a sandbox.
                 report.error = f"the patch cannot be parsed: {exc}"
+                report.outcome = Outcome.AGENT_FAILURE
                 report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
                 return report
         sandbox: Sandbox | None = None
@@ -119,6 +124,8 @@ class Verifier:
         except SandboxError as exc:
             report.infrastructure_failure = True
             report.infrastructure_failure_reason = f"{type(exc).__name__}: {exc}"
+            report.outcome = (Outcome.ENVIRONMENT_BUILD_FAILURE if isinstance(exc, EnvironmentBuildError)
+                              else Outcome.INFRASTRUCTURE_FAILURE)
             report.resolved = False
             log.warning("%s: infrastructure failure: %s", task.instance_id, exc)
         finally:
@@ -152,12 +159,14 @@ class Verifier:
                                               allow_compiled=task.test_spec.allow_compiled_files)
             except PatchError as exc:  # the agent's failure, never infrastructure
                 report.error = f"the patch cannot be parsed: {exc}"
+                report.outcome = Outcome.AGENT_FAILURE
                 return
             report.ignored_paths = filtered.dropped
             if filtered.text:
                 method = apply_patch(sandbox, filtered.text)
                 if method is None:
                     report.error = "the patch does not apply to the base commit"
+                    report.outcome = Outcome.PATCH_DID_NOT_APPLY
                     return
                 report.apply_method = method
         report.patch_successfully_applied = True
@@ -168,6 +177,7 @@ class Verifier:
             # It applies to the base commit, so the agent's change is what stands in its way.
             report.patch_successfully_applied = False
             report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
+            report.outcome = Outcome.AGENT_FAILURE
             return
         Verifier._run_tests(sandbox, task, report, meter)
 
@@ -181,6 +191,8 @@ class Verifier:
         report.test_timed_out = run.timed_out
         if run.error:
             report.error = run.error
+        if run.could_not_start:  # the agent's failure here; at the base commit validation says so
+            report.outcome, report.outcome_detail = Outcome.TESTS_COULD_NOT_START, run.could_not_start
         g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail)
         report.tests_status = g.tests_status
         report.missing_tests = g.missing

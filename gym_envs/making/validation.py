@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gym_envs.grading.labels import Outcome
 from gym_envs.grading.parallel import run_parallel
 from gym_envs.grading.verifier import InstanceReport, Verifier
 from tasks.catalog import TaskSet
@@ -47,6 +48,11 @@ def validate_task(task: Task, verifier: Verifier, runs: int = 2) -> TaskValidati
         if r.infrastructure_failure:
             result.problems.append(f"infrastructure failure: {r.infrastructure_failure_reason}")
             return result
+    if empty.outcome is Outcome.TESTS_COULD_NOT_START:
+        # Nothing of an agent's is in this run: the environment lacks what the tests need.
+        result.problems.append(f"environment problem: the tests cannot start at the base commit: "
+                               f"{empty.outcome_detail}")
+        return result
     result.gold_resolved = [r.resolved for r in gold]
     result.empty_resolved = empty.resolved
     if len({repr(_outcomes(r)) for r in gold}) > 1:
@@ -56,7 +62,7 @@ def validate_task(task: Task, verifier: Verifier, runs: int = 2) -> TaskValidati
         failing = sorted({t for r in gold for k in ("FAIL_TO_PASS", "PASS_TO_PASS")
                           for t in r.tests_status.get(k, {}).get("failure", [])})
         result.problems.append(f"gold patch does not resolve (failing: {', '.join(failing[:5]) or 'none'}"
-                               f"{'; ' + gold[0].error if gold[0].error else ''})")
+                               f"{'; ' + (gold[0].outcome_detail or gold[0].error) if gold[0].error else ''})")
     if empty.resolved:
         result.problems.append("resolved with no change at all")
     f2p_passing = empty.tests_status.get("FAIL_TO_PASS", {}).get("success", [])

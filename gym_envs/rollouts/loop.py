@@ -53,6 +53,9 @@ class Episode:
     reward: float = 0.0
     resolved: bool = False
     mask_reason: str | None = None
+    # How the grading ended (gym_envs.grading.labels: tests_could_not_start, tampering, ...); None
+    # when the episode never reached one (the model endpoint failed first).
+    grading_outcome: str | None = None
     steps: int = 0
     turns: int = 0
     wall_seconds: float = 0.0
@@ -197,6 +200,7 @@ def _grade_as_is(env: RepoEnv, episode: Episode, reason: str, note: str | None =
 def _record_grade(episode: Episode, reward: float, info: dict[str, Any], reason: str) -> None:
     episode.end_reason = reason
     episode.cost = info.get("cost")
+    episode.grading_outcome = info.get("outcome")
     if info.get("infrastructure_failure"):
         _mask(episode, "environment_error", info.get("infrastructure_failure_reason") or "the environment failed")
         episode.report = info.get("report")

@@ -21,6 +21,7 @@ import math
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -191,6 +192,8 @@ def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: di
         "price": run_info["price"], "total": len(task_set.ids), "completed": len(done), "scored": len(scored),
         "resolved": resolved, "unresolved": len(scored) - resolved, "masked": len(done) - len(scored),
         "resolved_rate": round(resolved / len(scored), 4) if scored else None,
+        # how each grading ended, in gym_envs.grading.labels' vocabulary (episodes never graded: none)
+        "grading_outcomes": dict(sorted(Counter(t.get("grading_outcome") or "none" for t in done).items())),
         "ci95": [round(x, 4) for x in wilson(resolved, len(scored))] if scored else None,
         "tokens_in": sum(t["tokens_in"] for t in done), "tokens_out": sum(t["tokens_out"] for t in done),
         "cost_usd": round(sum(t["cost_usd"] for t in done), 6),
@@ -198,8 +201,8 @@ def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: di
         "steps_total": sum(t["steps"] for t in done),
         # every episode's environment cost, masked ones too: the machine spent it
         "cost": summarize([EpisodeCost.from_dict(t["cost"]) for t in done if t.get("cost")], prices),
-        "instances": [{k: t.get(k) for k in ("instance_id", "outcome", "end_reason", "reward", "steps", "turns",
-                                              "wall_seconds", "tokens_in", "tokens_out", "cost_usd",
+        "instances": [{k: t.get(k) for k in ("instance_id", "outcome", "grading_outcome", "end_reason", "reward",
+                                              "steps", "turns", "wall_seconds", "tokens_in", "tokens_out", "cost_usd",
                                               "cost", "mask_reason")} for t in done],
     }
 

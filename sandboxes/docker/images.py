@@ -64,6 +64,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..base import EnvironmentBuildError, SandboxError
+from ..build_errors import step_failed
 from ..environments import EnvironmentSpec
 from ..lifetime import run_checked
 from ..locks import file_lock
@@ -121,7 +122,6 @@ BUILD_TIMEOUT = 3600.0
 # failed so). pip 21.3+ installs it with PEP 660; pip 25.1 dropped the ``setup.py develop`` fallback
 # for backends without PEP 660 (pylint 2.15 pins setuptools~=62.6 in its build requirements).
 VENV_PIP = "pip>=21.3,<25"
-LOG_TAIL = 3000
 
 
 def _lock_path(name: str) -> Path:
@@ -168,13 +168,6 @@ def _image(ref: str):
 
 def _digest(payload: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-LOG_TAIL:]
-    except OSError:
-        return ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,6 +218,7 @@ def _run_logged(argv: list[str], log_file: Path, *, timeout: float, what: str,
     with log_file.open("ab") as fh:
         fh.write(f"$ {' '.join(argv)}\n".encode())
         fh.flush()
+        since = fh.tell()
         try:
             # debootstrap, apt and their children die with this process (issue 22).
             proc = run_checked(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=stdin, timeout=timeout, env=env)
@@ -233,8 +227,8 @@ def _run_logged(argv: list[str], log_file: Path, *, timeout: float, what: str,
         except OSError as exc:
             raise EnvironmentBuildError(f"{what} could not start ({exc})") from None
     if proc.returncode != 0:
-        raise EnvironmentBuildError(
-            f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\nlog: {log_file}\n{_tail(log_file)}")
+        raise EnvironmentBuildError(step_failed(what, " ".join(argv), log_file, exit_code=proc.returncode,
+                                                since=since))
 
 
 def _install_into(root: Path, path: str, source: Path, log_file: Path) -> None:
@@ -631,6 +625,7 @@ class _BuildContainer:
         with self.log_file.open("ab") as fh:
             fh.write(f"$ {' '.join(argv)}   (cwd {workdir})\n".encode())
             fh.flush()
+            since = fh.tell()
             try:
                 exec_id = self.api.exec_create(self.container.id, command, stdout=True, stderr=True,
                                                environment=environment, workdir=workdir)["Id"]
@@ -641,11 +636,11 @@ class _BuildContainer:
             except Exception as exc:
                 raise EnvironmentBuildError(f"{what}: the Docker engine failed ({exc})\nlog: {self.log_file}") from None
         if code == 124:
-            raise EnvironmentBuildError(f"{what} timed out after {BUILD_TIMEOUT:.0f}s\nlog: {self.log_file}\n"
-                                        f"{_tail(self.log_file)}")
+            raise EnvironmentBuildError(step_failed(what, f"{' '.join(argv)} (after {BUILD_TIMEOUT:.0f}s)",
+                                                    self.log_file, since=since, timed_out=True))
         if code != 0:
-            raise EnvironmentBuildError(f"{what} failed (exit {code}): {' '.join(argv)}\nlog: {self.log_file}\n"
-                                        f"{_tail(self.log_file)}")
+            raise EnvironmentBuildError(step_failed(what, " ".join(argv), self.log_file, exit_code=code,
+                                                    since=since))
 
     def put_archive(self, path: str, data) -> None:
         if not self.api.put_archive(self.container.id, path, data):

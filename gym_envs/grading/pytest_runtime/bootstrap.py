@@ -35,6 +35,7 @@ import pkgutil
 import re
 import sys
 import sysconfig
+import traceback
 
 WORKSPACE = os.getcwd()
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,6 +43,7 @@ START_FAILED = "patchgym-runtime: the test runner could not start:"
 # A bytecode cache prefix that cannot hold a file (``/dev/null`` is not a directory, even for root):
 # reads find nothing, writes fail silently, and the code under test cannot plant a cache there.
 NO_BYTECODE = "/dev/null/patchgym-no-bytecode"
+INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR
 # Plugins that pytest marks for assertion rewriting when a run loads them (``-p pytester`` declares
 # ``pytest_plugins = ["_pytest.pytester_assertions"]``): imported beforehand, pytest warns that it
 # cannot rewrite them, and under ``filterwarnings = error`` (pytest's own configuration) the run
@@ -181,7 +183,13 @@ def main():
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
         return 3
-    code = int(pytest.main(sys.argv[1:], plugins=[reporter]))
+    try:
+        code = int(pytest.main(sys.argv[1:], plugins=[reporter]))
+    except Exception:
+        # pytest itself raised (a plugin the repository's conftest names cannot be imported): the
+        # traceback, and pytest's own status for an internal error, never a silent end.
+        traceback.print_exc()
+        code = INTERNAL_ERROR
     reporter.exit(code)
     return code
 
