@@ -92,7 +92,7 @@ def test_labels_of_ordinary_gradings(verifier, calc_task):
     none = verifier.verify(calc_task, None)
     assert none.outcome is Outcome.AGENT_FAILURE and none.outcome_detail == "the patch is empty"
     garbage = verifier.verify(calc_task, "this is not a diff")
-    assert garbage.outcome is Outcome.AGENT_FAILURE and "unified diff" in garbage.outcome_detail
+    assert garbage.outcome is Outcome.AGENT_FAILURE and "not a patch" in garbage.outcome_detail
     stale = ("diff --git a/calc/__init__.py b/calc/__init__.py\n--- a/calc/__init__.py\n+++ b/calc/__init__.py\n"
              "@@ -1,2 +1,2 @@\n-no such line\n+x\n context\n")
     report = verifier.verify(calc_task, stale)
