@@ -325,3 +325,15 @@ def test_a_whole_record_is_believed_and_one_without_the_supervisors_end_is_not()
     # a run killed whole (memory limit) leaves the file empty: not tampering, not believed either
     assert integrity.check_run(exit_code=137, output="", junit=None, record=None, reporter=True,
                                requested=["t.py::a"], canaries=None) is None
+
+
+def test_a_parser_crash_on_the_agents_text_is_not_masked(task, monkeypatch):
+    """The patch is the agent's text: even a parser bug it triggers is never an infrastructure failure."""
+    import gym_envs.grading.verifier as verifier_module
+
+    def crash(diff, protected):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(verifier_module, "filter_agent_patch", crash)
+    report = Verifier(sandbox_factory("local")).verify(task, marker_patch())
+    assert_refused(report_dict(report), task, Error("cannot be parsed"))

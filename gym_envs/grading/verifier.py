@@ -194,6 +194,10 @@ class Verifier:
             except PatchError as exc:  # the agent's failure, never infrastructure
                 report.error = f"the patch cannot be parsed: {exc}"
                 return
+            except Exception as exc:  # the parser broke on the agent's text: still never masked
+                log.exception("%s: the patch parser failed", task.instance_id)
+                report.error = f"the patch cannot be parsed: {type(exc).__name__}: {str(exc)[:500]}"
+                return
             report.ignored_paths = filtered.dropped
         # The harness's own files go in before anything of the agent's (see HarnessFiles).
         harness = place_harness_files(sandbox, task.test_patch)
