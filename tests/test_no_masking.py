@@ -337,3 +337,35 @@ def test_a_parser_crash_on_the_agents_text_is_not_masked(task, monkeypatch):
     monkeypatch.setattr(verifier_module, "filter_agent_patch", crash)
     report = Verifier(sandbox_factory("local")).verify(task, marker_patch())
     assert_refused(report_dict(report), task, Error("cannot be parsed"))
+
+
+DAEMON_TESTS = '''\
+import os
+import subprocess
+import sys
+
+
+def test_leaves_a_daemon_behind():
+    code = "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(600)\\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_leaves_a_child_behind():
+    subprocess.Popen(["sleep", "600"])
+'''
+
+
+def test_the_supervisor_ends_what_the_run_left_and_then_writes_the_results(calc_sandbox, calc_task):
+    """An honest run that leaves a double-forked daemon and a child behind: both are killed before
+    the supervisor writes the results (its end record counts them), and the run is believed."""
+    from gym_envs.grading.testrun import place_harness_files, run_tests
+
+    harness = place_harness_files(calc_sandbox)
+    calc_sandbox.write_file("tests/test_daemons.py", DAEMON_TESTS)
+    ids = ["tests/test_daemons.py::test_leaves_a_daemon_behind", "tests/test_daemons.py::test_leaves_a_child_behind"]
+    run = run_tests(calc_sandbox, calc_task.test_spec, ids, harness=harness)
+    assert run.tampering is None and run.error is None and set(ids) <= run.passed, run.output[-3000:]
+    records = [json.loads(line) for line in calc_sandbox.read_file(harness.results).decode().splitlines()]
+    end = records[-1]
+    assert end["event"] == "end" and end["status"] == 1 and end["killed"] >= 2, records[-3:]
+    assert end["subreaper"] is True
