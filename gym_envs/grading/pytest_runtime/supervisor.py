@@ -123,8 +123,14 @@ def _wait_for(child):
 
 
 def _live_descendants(me):
+    """Live (not zombie) descendants of ``me``, from ``/proc`` (none found where it is missing:
+    then only what exits by itself is waited for)."""
     parents = {}
-    for name in os.listdir("/proc"):
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
         if not name.isdigit():
             continue
         try:
