@@ -87,7 +87,7 @@ def test_canaries_spread_through_a_whole_file_keep_its_tests_and_their_order():
 def _records(*reports: dict) -> str:
     lines = [{"event": "start", "pid": 1}]
     lines += [{"event": "report", "xfail": False, "declared": True, **r} for r in reports]
-    lines += [{"event": "finish", "exitstatus": 1}, {"event": "exit", "code": 1}]
+    lines += [{"event": "finish", "exitstatus": 1}, {"event": "exit", "code": 1}, {"event": "end", "status": 1}]
     return "\n".join(json.dumps(line) for line in lines) + "\n"
 
 
@@ -206,19 +206,19 @@ def test_canaries_a_crashed_session_never_ran_are_not_tampering():
     lines = [{"event": "start", "pid": 1}]
     lines += [{"event": "report", "nodeid": c, "when": "call", "xfail": False, "declared": True,
                "outcome": "passed" if s is TestStatus.PASSED else "failed"} for c, s in ran.items()]
-    lines += [{"event": "finish", "exitstatus": 3}, {"event": "exit", "code": 3}]
+    lines += [{"event": "finish", "exitstatus": 3}, {"event": "exit", "code": 3}, {"event": "end", "status": 3}]
     record = integrity.parse_record("\n".join(json.dumps(line) for line in lines) + "\n")
     assert set(record.statuses) == set(ran)
     assert integrity.check_run(exit_code=3, output="INTERNALERROR>", junit=dict(ran), record=record,
                                reporter=True, requested=[], canaries=canaries) is None
     # the same canaries missing from a session that ended normally: they were made to vanish
-    record.exit_code = 1
+    record.exit_code = record.end_status = 1
     reason = integrity.check_run(exit_code=1, output="", junit=dict(ran), record=record, reporter=True,
                                  requested=[], canaries=canaries)
     assert reason is not None and "canary" in reason
     # a canary that ran before the crash is still checked
     forged = {**ran, canaries.must_fail[0]: TestStatus.PASSED}
-    record.exit_code, record.statuses = 3, dict(forged)
+    record.exit_code, record.end_status, record.statuses = 3, 3, dict(forged)
     reason = integrity.check_run(exit_code=3, output="", junit=forged, record=record, reporter=True,
                                  requested=[], canaries=canaries)
     assert reason is not None and "must fail" in reason

@@ -175,12 +175,14 @@ def interleave(tests: list[str], canaries: Canaries) -> list[str]:
 
 @dataclass
 class RunRecord:
-    """What the reporter wrote: each test's status, and how the run ended."""
+    """What the reporter and the supervisor wrote: each test's status, and how the run ended."""
 
     statuses: dict[str, TestStatus] = field(default_factory=dict)
     started: bool = False
     finished: bool = False
     exit_code: int | None = None
+    ended: bool = False  # the supervisor's ``end``: every process of the run was dead when it was written
+    end_status: int | None = None  # the runner's status as the supervisor saw it (``-N``: killed by signal N)
     reported_twice: list[str] = field(default_factory=list)
     malformed: str | None = None
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL with no xfail marker
@@ -198,29 +200,88 @@ def _phase_status(when: str, outcome: str, xfail: bool) -> TestStatus | None:
     return None
 
 
+# Each record's kind -> its required fields and their types (optional fields are checked where read).
+# A record of another kind, a field missing or of another type, is not the runtime's.
+RECORD_FIELDS: dict[str, dict[str, type]] = {
+    "start": {"pid": int},
+    "report": {"nodeid": str, "when": str, "outcome": str},
+    "collect_error": {"nodeid": str},
+    "finish": {"exitstatus": int},
+    "exit": {"code": int},
+    "end": {"status": int},
+}
+PHASES = ("setup", "call", "teardown")
+OUTCOMES = ("passed", "failed", "skipped", "rerun")
+OPTIONAL_FLAGS = ("xfail", "declared", "raised", "bypassed")
+
+
+def _record_problem(event: object) -> str | None:
+    """Why ``event`` (one decoded line) is not a record the runtime writes, or None."""
+    if not isinstance(event, dict):
+        return "is not a record"
+    kind = event.get("event")
+    fields = RECORD_FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return f"is of no known kind ({str(kind)[:40]!r})"
+    for name, kind_of in fields.items():
+        value = event.get(name)
+        if not isinstance(value, kind_of) or isinstance(value, bool) is not (kind_of is bool):
+            return f"has no valid {name!r}"
+    if kind == "report":
+        if event["when"] not in PHASES or event["outcome"] not in OUTCOMES:
+            return "names no known phase or outcome"
+        if any(flag in event and not isinstance(event[flag], bool) for flag in OPTIONAL_FLAGS):
+            return "has a flag that is not true or false"
+    return None
+
+
+# Where each kind may appear: the states (what was read last) it may follow.
+_ALLOWED_AFTER = {
+    "start": {None},
+    "report": {"start", "report", "collect_error"},
+    "collect_error": {"start", "report", "collect_error"},
+    "finish": {"start", "report", "collect_error"},
+    "exit": {"start", "report", "collect_error", "finish"},
+    # The supervisor ends every results file, whatever the runner got to write (it may have died).
+    "end": {None, "start", "report", "collect_error", "finish", "exit"},
+}
+
+
 def parse_record(text: str) -> RunRecord:
-    """Read the reporter's JSON lines. Statuses follow :func:`.grading.parse_junit`'s rules (a
+    """Read the runtime's JSON lines. Statuses follow :func:`.grading.parse_junit`'s rules (a
     failed phase is never overwritten by a later pass); reruns (``pytest-rerunfailures``) are
-    not repeats."""
+    not repeats.
+
+    Nothing but the runtime writes here while it is honest, so the file must be exactly its
+    records, in its order: ``start``, reports, ``finish``, ``exit`` from the runner, then the
+    supervisor's ``end``, each a whole line. A line that is not such a record, a truncated last
+    line, a record out of its place (a report after ``finish``, anything after ``exit`` but the
+    ``end``, anything at all after the ``end``) sets ``malformed``: the code under test wrote there."""
     record = RunRecord()
     seen: set[tuple[str, str]] = set()
+    if text and not text.endswith("\n"):
+        record.malformed = "the results end in a truncated line"
+        return record
+    last: str | None = None
     for number, line in enumerate(text.splitlines(), 1):
         try:
             event = json.loads(line)
-            kind = event["event"]
-        except (ValueError, KeyError, TypeError):
-            record.malformed = f"line {number} of the results is not a record"
+        except ValueError:
+            event = None
+        problem = "is not a record" if event is None else _record_problem(event)
+        if problem is not None:
+            record.malformed = f"line {number} of the results {problem}"
             return record
-        if number == 1 and kind != "start":
-            record.malformed = "the results do not begin with the runner's start"
+        kind = event["event"]
+        if last == "end" or last not in _ALLOWED_AFTER[kind]:
+            record.malformed = (f"line {number} of the results ({kind!r}) is out of place"
+                                + (" (after the supervisor's end)" if last == "end" else f" (after {last!r})"))
             return record
+        last = kind
         if kind == "start":
-            if record.started:
-                record.malformed = "the runner started twice"
-                return record
             record.started = True
         elif kind == "report":
-            nodeid, when, outcome = str(event["nodeid"]), str(event["when"]), str(event["outcome"])
+            nodeid, when, outcome = event["nodeid"], event["when"], event["outcome"]
             if outcome == "rerun":
                 continue
             if (nodeid, when) in seen:
@@ -241,8 +302,18 @@ def parse_record(text: str) -> RunRecord:
         elif kind == "finish":
             record.finished = True
         elif kind == "exit":
-            record.exit_code = int(event["code"])
+            record.exit_code = event["code"]
+        elif kind == "end":
+            record.ended, record.end_status = True, event["status"]
     return record
+
+
+def status_exit_code(status: int | None) -> int | None:
+    """The exit status the supervisor ends with for the runner's ``status`` (``-N``, killed by
+    signal N: ``128 + N``, as a shell reports it)."""
+    if status is None:
+        return None
+    return status if status >= 0 else 128 - status
 
 
 def _outcome(status: TestStatus | None) -> str:
@@ -259,12 +330,21 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
     """Why this run's results cannot be believed, or None. ``reporter`` says whether the run had
     patchgym's reporter (not for a test command patchgym could not take over); ``record`` is what
     it wrote (None: no file) and ``junit`` pytest's junit statuses (None: missing or unreadable)."""
+    killed = exit_code in KILLED_EXIT_CODES or KILLED_MARK in output
     if reporter and record is None:
-        return "the runner's results file is missing"
+        # Placed empty before the run and written by the supervisor at its end: a run killed whole
+        # (a memory limit) leaves it empty.
+        return None if killed else "the runner's results file is missing or empty"
     if record is not None:
-        killed = exit_code in KILLED_EXIT_CODES or KILLED_MARK in output
         if record.malformed:
-            return f"the runner's results were rewritten: {record.malformed}"
+            return f"the runner's results were tampered with: {record.malformed}"
+        if not record.ended:
+            # The supervisor writes its end once every process of the run is dead; only a run that
+            # was killed whole (a memory limit, the harness's timeout) has none honestly.
+            return None if killed else "the runner's results have no end record from its supervisor"
+        if exit_code != status_exit_code(record.end_status):
+            return (f"the process exited with {exit_code}, but the supervisor saw the runner end with "
+                    f"{record.end_status}")
         if not record.started:
             return "the runner's results are empty"
         if record.exit_code is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gym_envs.grading import integrity, labels, runners
 from gym_envs.grading.outcome import JunitError, TestStatus, parse_junit
-from gym_envs.grading.patch_apply import apply_patch
+from gym_envs.grading.patch_apply import apply_patch, stage_patch
 from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from gym_envs.grading.pytest_runtime.bootstrap import NO_BYTECODE, START_FAILED
 from sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
@@ -76,23 +76,51 @@ class TestRun:
         return bool(self.statuses) and ((self.exit_code == 0) == (not self.failed))
 
 
+@dataclass(frozen=True)
+class HarnessFiles:
+    """The harness's own files in a sandbox: the test runtime, its results and junit files, and
+    its copy of the test patch, all at random names. A grader places them (:func:`place_harness_files`)
+    *before* the agent's patch is applied, so the patch can neither predict their names nor take
+    their place or the quota they need; what runs later can reach them, which the runtime's
+    supervisor and the record checks are for (:mod:`.integrity`)."""
+
+    runtime: str
+    results: str
+    junit: str
+    test_patch: str | None = None  # the staged copy (:func:`.patch_apply.stage_patch`), if any
+
+
+def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
+    """Write the runtime, empty results and junit files and a copy of ``test_patch`` (when not
+    empty) into ``sandbox`` under fresh random names."""
+    nonce = uuid.uuid4().hex
+    files = HarnessFiles(runtime=f".patchgym-rt-{nonce}", results=f".patchgym-results-{nonce}.jsonl",
+                         junit=f".patchgym-junit-{nonce}.xml",
+                         test_patch=stage_patch(sandbox, test_patch) if test_patch.strip() else None)
+    for name in RUNTIME_FILES:
+        sandbox.write_file(f"{files.runtime}/{name}", (RUNTIME_DIR / name).read_bytes())
+    sandbox.write_file(files.results, b"")
+    sandbox.write_file(files.junit, b"")
+    return files
+
+
 def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
-              files: Sequence[str] = ()) -> TestRun:
+              files: Sequence[str] = (), harness: HarnessFiles | None = None) -> TestRun:
     """Run ``tests`` (node ids or paths; the whole suite when empty) with ``spec``'s command.
 
     pytest is started by patchgym's runtime (:mod:`.pytest_runtime`) so that nothing in the
-    repository changes how it runs, and writes its results twice — junit XML and patchgym's
-    reporter, both at paths nothing in the sandbox can predict — which must agree, as must two
-    canary tests (:mod:`.integrity`); a run that fails those checks has ``tampering`` set.
-    Django's and SymPy's runners are read from their verbose output (see :mod:`.runners`);
-    ``files`` (the files the task's test patch touches) are what they run when test ids do not
-    name files.
+    repository changes how it runs, under a supervisor that writes the results once every process
+    of the run is dead; the results — junit XML and patchgym's reporter, both at paths nothing in
+    the sandbox can predict — must agree, as must canary tests (:mod:`.integrity`); a run that
+    fails those checks has ``tampering`` set. ``harness``: the files a grader placed before the
+    agent's patch (placed now when not given). Django's and SymPy's runners are read from their
+    verbose output (see :mod:`.runners`); ``files`` (the files the task's test patch touches) are
+    what they run when test ids do not name files.
     """
     if spec.format != "pytest":
         return _run_logged(sandbox, spec, tests, files)
-    nonce = uuid.uuid4().hex
-    junit, results, runtime = (f".patchgym-junit-{nonce}.xml", f".patchgym-results-{nonce}.jsonl",
-                               f".patchgym-rt-{nonce}")
+    harness = harness or place_harness_files(sandbox)
+    junit, results, runtime = harness.junit, harness.results, harness.runtime
     requested = list(dict.fromkeys(tests))
     canaries = None
     if requested:
@@ -107,8 +135,6 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
     invocation = pytest_invocation(spec.command)
     if invocation is not None:
-        for name in RUNTIME_FILES:
-            sandbox.write_file(f"{runtime}/{name}", (RUNTIME_DIR / name).read_text())
         env, python, args = invocation
         start = f"{env}PATCHGYM_RESULTS={results} {python} -I -B {runtime}/bootstrap.py {args}".rstrip()
     else:  # a command patchgym cannot take over (e.g. tox): junit and canaries only
@@ -127,7 +153,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     junit_statuses = _read_results(sandbox, junit, run, parse_junit, "junit report")
     record = (_read_results(sandbox, results, run, integrity.parse_record, "results")
               if invocation is not None else None)
-    if invocation is not None and record is None and START_FAILED in result.output:
+    if invocation is not None and (record is None or not record.started) and START_FAILED in result.output:
         _check_runner_starts(sandbox, invocation[1])
     if run.tampering is None and not result.timed_out:
         run.tampering = integrity.check_run(exit_code=result.exit_code, output=result.output,
@@ -163,7 +189,8 @@ def _check_runner_starts(sandbox: Sandbox, python: str) -> None:
 
 def _read_results(sandbox: Sandbox, path: str, run: TestRun, parse, what: str):
     """Parse a results file the runner wrote, or None when there is none. A path that is not a
-    regular file (a symlink, a FIFO, a directory) was put there by the code under test."""
+    regular file (a symlink, a FIFO, a directory) was put there by the code under test; an empty
+    one was never written."""
     try:
         data = sandbox.read_file(path)
     except FileNotFoundError:
@@ -173,6 +200,8 @@ def _read_results(sandbox: Sandbox, path: str, run: TestRun, parse, what: str):
         return None
     except OSError as exc:
         run.error = f"cannot read the {what}: {exc}"
+        return None
+    if not data:  # placed empty by the harness, and never written
         return None
     try:
         return parse(data if isinstance(data, str) else data.decode("utf-8", errors="replace"))

@@ -20,16 +20,16 @@ import logging
 import time
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from gym_envs.grading.cost import CostMeter, EpisodeCost, Prices
 from gym_envs.grading.labels import Outcome, settle
 from gym_envs.grading.outcome import grade
-from gym_envs.grading.patch_apply import GIT_APPLY, PATCH_FILE, apply_patch
+from gym_envs.grading.patch_apply import apply_patch
 from gym_envs.grading.patches import PatchError, filter_agent_patch, parse_patch, touched_paths
 from gym_envs.grading.runners import changed_test_files
-from gym_envs.grading.testrun import run_tests
-from sandboxes import EnvironmentBuildError, Sandbox, SandboxError
+from gym_envs.grading.testrun import HarnessFiles, place_harness_files, probe, run_tests
+from sandboxes import EnvironmentBuildError, Sandbox, SandboxClosedError, SandboxError
 from sandboxes.base import usage_of
 from tasks.backends import SandboxFactory, make_sandbox
 from tasks.model import Task
@@ -71,6 +71,10 @@ class InstanceReport(BaseModel):
     error: str | None = None
     cost: EpisodeCost | None = Field(None, description="what grading cost: wall time, harness and test CPU, "
                                                        "peak memory, dollars (gym_envs.grading.cost)")
+
+    # The step that raised after the agent's patch was applied (None: nothing did); the verifier
+    # settles it (agent's failure or infrastructure) against the pristine base.
+    _failed_after_patch: str | None = PrivateAttr(None)
 
     def swebench_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -119,6 +123,8 @@ class Verifier:
             placement = getattr(sandbox, "placement", None)
             report.placement = dict(placement) if placement else None
             report = _grade(sandbox, task, patch or "", report, meter)
+            if report._failed_after_patch is not None:
+                self._settle_failure(task, report)
             if report.tampering_detected:
                 log.warning("%s: tampering detected: %s", task.instance_id, report.tampering_reason)
         except SandboxError as exc:
@@ -139,6 +145,45 @@ class Verifier:
         report.reward = self._reward(report, task)
         return report
 
+    def _settle_failure(self, task: Task, report: InstanceReport) -> None:
+        """A step failed after the agent's patch was applied: the agent's failure (reward 0, the
+        reason in ``error``) unless the same step fails on the pristine base, in a fresh sandbox
+        (the test patch applied; for the test run, the same tests run): only that proves the cause
+        independent of the agent."""
+        step = report._failed_after_patch
+        try:
+            if step == "running the tests":
+                files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
+                run = probe(task, [task.test_patch], task.FAIL_TO_PASS + task.PASS_TO_PASS, self.factory,
+                            files=files)
+                base_failure = "the test patch does not apply" if run.applied == [False] else None
+            else:
+                base_failure = self._test_patch_fails_on_base(task)
+        except Exception as exc:  # the same harness step broke without the agent's patch
+            base_failure = f"{type(exc).__name__}: {str(exc)[:1000]}"
+        if base_failure is None:
+            log.warning("%s: the agent's failure: %s", task.instance_id, report.error)
+            return
+        report.infrastructure_failure = True
+        report.infrastructure_failure_reason = f"{report.error}; on the pristine base too: {base_failure}"
+        log.warning("%s: infrastructure failure (%s fails on the pristine base too): %s", task.instance_id,
+                    step, base_failure)
+
+    def _test_patch_fails_on_base(self, task: Task) -> str | None:
+        """Why the task's test patch does not apply to the pristine base in a fresh sandbox, or None."""
+        if not task.test_patch.strip():
+            return None
+        sandbox = self.factory(task)
+        try:
+            if apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
+                return "the task's test patch does not apply (the task is broken)"
+            return None
+        finally:
+            try:
+                sandbox.close()
+            except SandboxError:
+                pass
+
     def _reward(self, report: InstanceReport, task: Task) -> float:
         if report.resolved:
             return 1.0
@@ -153,6 +198,7 @@ class Verifier:
     @staticmethod
     def _grade_in(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> None:
         protected = touched_paths(task.test_patch)
+        filtered = None
         if patch.strip():
             try:
                 filtered = filter_agent_patch(patch, protected,
@@ -161,30 +207,54 @@ class Verifier:
                 report.error = f"the patch cannot be parsed: {exc}"
                 report.outcome = Outcome.AGENT_FAILURE
                 return
+            except Exception as exc:  # the parser broke on the agent's text: still never masked
+                log.exception("%s: the patch parser failed", task.instance_id)
+                report.error = f"the patch cannot be parsed: {type(exc).__name__}: {str(exc)[:500]}"
+                report.outcome = Outcome.AGENT_FAILURE
+                return
             report.ignored_paths = filtered.dropped
-            if filtered.text:
+        # The harness's own files go in before anything of the agent's (see HarnessFiles).
+        harness = place_harness_files(sandbox, task.test_patch)
+        step = "applying the patch"
+        try:
+            if filtered is not None and filtered.text:
                 method = apply_patch(sandbox, filtered.text)
                 if method is None:
                     report.error = "the patch does not apply to the base commit"
                     report.outcome = Outcome.PATCH_DID_NOT_APPLY
                     return
                 report.apply_method = method
-        report.patch_successfully_applied = True
-        # An empty test patch (synthesized tasks: the hidden tests are the existing ones) applies nothing.
-        if task.test_patch.strip() and apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
-            if not _applies_to_base(sandbox, task.test_patch):
-                raise SandboxError("the task's test patch does not apply (the task is broken)")
-            # It applies to the base commit, so the agent's change is what stands in its way.
-            report.patch_successfully_applied = False
-            report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
+            report.patch_successfully_applied = True
+            step = "applying the test patch"
+            # An empty test patch (synthesized tasks: the hidden tests are the existing ones) applies nothing.
+            if harness.test_patch and apply_patch(sandbox, task.test_patch, fuzzy=False,
+                                                  staged=harness.test_patch) is None:
+                # The agent's change stands in its way, unless it does not apply to the pristine base
+                # either (the task is broken): Verifier._settle_failure looks.
+                report.patch_successfully_applied = False
+                report.error = "the task's test patch does not apply over the patch (it changes what the tests need)"
+                report.outcome = Outcome.AGENT_FAILURE
+                report._failed_after_patch = step
+                return
+            step = "running the tests"
+            Verifier._run_tests(sandbox, task, report, meter, harness)
+        except SandboxClosedError:  # closed by the harness itself (shutting down)
+            raise
+        except Exception as exc:
+            # From the agent's patch on, whatever breaks is the agent's doing until the pristine base
+            # shows otherwise (Verifier._settle_failure, where the sandbox factory is).
+            report.resolved = False
+            report.error = f"{step} failed after the patch: {type(exc).__name__}: {str(exc)[:2000]}"
+            report._failed_after_patch = step
             report.outcome = Outcome.AGENT_FAILURE
-            return
-        Verifier._run_tests(sandbox, task, report, meter)
+            log.info("%s: %s", task.instance_id, report.error)
 
     @staticmethod
-    def _run_tests(sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter) -> None:
+    def _run_tests(sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter,
+                   harness: HarnessFiles | None = None) -> None:
         files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
-        run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files)
+        run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files,
+                        harness=harness)
         meter.add_tests(run.cpu_seconds)
         report.test_output = run.output
         report.test_exit_code = run.exit_code
@@ -226,12 +296,3 @@ def _grade_on_node(sandbox: Sandbox, task: Task, patch: str,
     with meter.charging():
         Verifier._grade_in(sandbox, task, patch, report, meter)
     return report, meter
-
-
-def _applies_to_base(sandbox: Sandbox, patch: str) -> bool:
-    """Whether ``patch`` applies to the base commit: the index, which ``git apply`` of the
-    agent's patch left untouched (the work tree has the agent's change)."""
-    sandbox.write_file(PATCH_FILE, patch if patch.endswith("\n") else patch + "\n")
-    result = sandbox.exec(f"{GIT_APPLY} --cached --check {PATCH_FILE}; s=$?; rm -f {PATCH_FILE}; exit $s",
-                          timeout=120)
-    return result.ok

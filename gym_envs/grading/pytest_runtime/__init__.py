@@ -7,6 +7,8 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
   the runner and everything it imports are loaded before the repository is importable, stdlib and
   runner module names always resolve to their installed copies, and plugins come only from
   distributions installed in the environment.
+* :mod:`supervisor` forks pytest's process from the bootstrap's and outlives it: a subreaper that
+  kills every process of the run once pytest has exited, and only then writes the results file.
 * :mod:`reporter` is a pytest plugin registered before any repository code runs; it writes every
   test report, the session's end and the runner's exit status to a results file, which the harness
   cross-checks with pytest's own junit XML and with canary tests (see :mod:`gym_envs.grading.testrun`).
@@ -15,4 +17,4 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).parent
-RUNTIME_FILES = ("bootstrap.py", "reporter.py")
+RUNTIME_FILES = ("bootstrap.py", "reporter.py", "supervisor.py")

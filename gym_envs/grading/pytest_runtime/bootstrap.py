@@ -1,7 +1,8 @@
 """Start pytest in a grading sandbox so that nothing in the repository changes how tests are run.
 
 Run as ``python -I -B bootstrap.py PYTEST_ARGS...`` from the repository root, with the results
-file's path in ``PATCHGYM_RESULTS``. ``-I`` keeps the script's directory, the working directory,
+file's path in ``PATCHGYM_RESULTS`` (written by the supervisor, see ``supervisor.py``: this process
+forks first, and pytest runs in the child). ``-I`` keeps the script's directory, the working directory,
 ``PYTHON*`` variables and the user's site-packages off ``sys.path``, so at first only the
 interpreter's and the environment's own directories are importable. Then, in this order:
 
@@ -166,6 +167,15 @@ def runner_is_the_repository():
     return here.startswith(os.path.realpath(WORKSPACE) + os.sep)
 
 
+def _supervised(results):
+    """Become the runner under a supervisor (``supervisor.py``: a subreaper that writes the results
+    file once every process of the run is dead); the reporter's end of the records pipe."""
+    spec = importlib.util.spec_from_file_location("patchgym_supervisor", os.path.join(HERE, "supervisor.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.supervise(results)
+
+
 def main():
     results = os.environ.pop("PATCHGYM_RESULTS", None)
     if not results:
@@ -173,9 +183,10 @@ def main():
         return 3
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(HERE)]
     sys.meta_path.insert(0, StdlibFirst())
+    records = _supervised(results)
     try:
         reporter_module = _load_reporter()
-        reporter = reporter_module.Reporter(results, WORKSPACE)
+        reporter = reporter_module.Reporter(records, WORKSPACE)
         _preload_runner()
         import pytest
         if not runner_is_the_repository():

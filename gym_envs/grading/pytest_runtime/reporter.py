@@ -1,7 +1,8 @@
 """patchgym's results reporter: a pytest plugin registered before any repository code runs.
 
-It writes one JSON line per event to a results file it creates itself (``O_EXCL``: a file the
-agent planted there is refused): ``start``, one ``report`` per test phase (node id, phase,
+It writes one JSON line per event into the supervisor's records pipe (``supervisor.py``, which
+writes them to the results file once the run is over, followed by its own ``end``):
+``start``, one ``report`` per test phase (node id, phase,
 outcome, whether it was an expected failure), ``finish`` when the session ends, and ``exit`` with
 the status pytest returned. The harness requires all of them, in order, and the process's exit
 status to equal the recorded one: a runner that code under test ends early (``os._exit``, an
@@ -44,9 +45,11 @@ class Calls:
 
 
 class Reporter:
-    def __init__(self, path, workspace):
+    def __init__(self, results, workspace):
         self.workspace = workspace
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        # The supervisor's records pipe (an fd), or a file of its own (a path, created here).
+        self.fd = results if isinstance(results, int) else os.open(
+            results, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self.undeclared_xfail = set()
         self.raised = {}
         self.bypassed = set()
@@ -56,7 +59,9 @@ class Reporter:
         self._write(event="start", pid=os.getpid())
 
     def _write(self, **record):
-        os.write(self.fd, (json.dumps(record) + "\n").encode("utf-8"))
+        data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
+        while data:
+            data = data[os.write(self.fd, data):]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_load_initial_conftests(self, early_config):
