@@ -521,6 +521,24 @@ def _pg_xfail_everything():
 ''')
 
 
+# Run-time xfail: a plugin (found through gc, as above) marks every test that is not a canary (told
+# apart by the canaries' name pattern) ``xfail(strict=False)`` at collection. The failing hidden
+# tests are XFAIL, which counts as a pass; no report is rewritten and nothing that raised "passed".
+P_RUNTIME_XFAIL = REGISTER_FN + """
+
+class _PgRuntimeXfail:
+    def pytest_collection_modifyitems(self, session, config, items):
+        import re
+        import pytest
+        canary = re.compile(r"::test_[a-z]+_[a-z]+_[0-9a-f]{6}$")
+        for item in items:
+            if not canary.search(item.nodeid):
+                item.add_marker(pytest.mark.xfail(strict=False, reason="flaky upstream"))
+
+
+""" + registered("_PgRuntimeXfail()", "pg-runtime-xfail")
+
+
 # Canary-aware attacks. The grader appends two canaries (one must pass, one must fail) to the hidden
 # tests' module; code under test that can tell them apart forces only the hidden tests.
 
@@ -956,6 +974,9 @@ ATTACKS: list[Attack] = [
            Tampering("the reporter's final record is missing")),
     Attack("failing tests rerun as no-ops (each reported twice)", in_package(P_RERUN_DUPLICATE),
            Tampering("a test reported twice")),
+    Attack("xfail marker added at run time to every non-canary test", in_package(P_RUNTIME_XFAIL),
+           AnyOf(Tampering("the run used gc"), NoEffect()),
+           note="the marker is not in the test file as written, so XFAIL is a failure"),
     Attack("package raises pytest.xfail during every test", in_package(P_XFAIL_FROM_SOURCE),
            AnyOf(Tampering("xfail raised outside the test"), NoEffect()),
            note="XFAIL counts as a pass: no plugin, no report tampering"),

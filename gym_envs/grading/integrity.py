@@ -183,6 +183,7 @@ class RunRecord:
     reported_twice: list[str] = field(default_factory=list)
     malformed: str | None = None
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL with no xfail marker
+    skipped_in_call: set[str] = field(default_factory=set)  # skipped while the test function ran
     rewritten: list[str] = field(default_factory=list)  # "<id> (<phase>)": raised, reported passed
     bypassed: list[str] = field(default_factory=list)  # passed, but not called by pytest's hook
 
@@ -233,6 +234,8 @@ def parse_record(text: str) -> RunRecord:
             status = _phase_status(when, outcome, bool(event.get("xfail")))
             if status is TestStatus.XFAIL and event.get("declared") is False:
                 record.undeclared_xfail.add(nodeid)
+            if status is TestStatus.SKIPPED and when == "call":
+                record.skipped_in_call.add(nodeid)
             previous = record.statuses.get(nodeid)
             if status is None or (previous in FAILING and status not in FAILING):
                 continue

@@ -176,7 +176,7 @@ class Verifier:
         report.test_timed_out = run.timed_out
         if run.error:
             report.error = run.error
-        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail)
+        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail, run.undeclared_skip)
         report.tests_status = g.tests_status
         report.missing_tests = g.missing
         report.results_consistent = run.consistent
