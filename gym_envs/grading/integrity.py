@@ -184,6 +184,7 @@ class RunRecord:
     malformed: str | None = None
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL with no xfail marker
     skipped_in_call: set[str] = field(default_factory=set)  # skipped while the test function ran
+    tampered: str | None = None  # what the runtime's audit hook caught, and who did it
     rewritten: list[str] = field(default_factory=list)  # "<id> (<phase>)": raised, reported passed
     bypassed: list[str] = field(default_factory=list)  # passed, but not called by pytest's hook
 
@@ -240,6 +241,8 @@ def parse_record(text: str) -> RunRecord:
             if status is None or (previous in FAILING and status not in FAILING):
                 continue
             record.statuses[nodeid] = status
+        elif kind == "tampering":
+            record.tampered = record.tampered or f"{event.get('audit')} from {event.get('file')}:{event.get('line')}"
         elif kind == "finish":
             record.finished = True
         elif kind == "exit":
@@ -269,6 +272,8 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
             return f"the runner's results were rewritten: {record.malformed}"
         if not record.started:
             return "the runner's results are empty"
+        if record.tampered:
+            return f"the code under test used a forger's primitive during the run: {record.tampered}"
         if record.exit_code is None:
             return None if killed else "the test runner exited before its final record"
         if record.exit_code != exit_code:

@@ -7,6 +7,9 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
   the runner and everything it imports are loaded before the repository is importable, stdlib and
   runner module names always resolve to their installed copies, and plugins come only from
   distributions installed in the environment.
+* :mod:`audit` is a PEP 578 audit hook, installed before the repository is importable, that ends
+  the run as tampered when code under test uses an in-process forger's primitives (``gc`` walks,
+  tracing, the runner's frames or functions, ``/proc/self``, the harness's files, ``ctypes``).
 * :mod:`reporter` is a pytest plugin registered before any repository code runs; it writes every
   test report, the session's end and the runner's exit status to a results file, which the harness
   cross-checks with pytest's own junit XML and with canary tests (see :mod:`gym_envs.grading.testrun`).
@@ -15,4 +18,4 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).parent
-RUNTIME_FILES = ("bootstrap.py", "reporter.py")
+RUNTIME_FILES = ("bootstrap.py", "reporter.py", "audit.py")
