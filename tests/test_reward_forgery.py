@@ -539,6 +539,113 @@ class _PgRuntimeXfail:
 """ + registered("_PgRuntimeXfail()", "pg-runtime-xfail")
 
 
+# The same forgers without gc: the Config is found by walking frames up from the package's own
+# (``sys._getframe(0).f_back...``, which no audit event reports), or by asking for the runner's frames
+# by depth (``sys._getframe(i)``, which the audit hook sees).
+FRAMES_FN = """\
+def _pg_config_by_frames():
+    import sys
+    frame = sys._getframe(0)
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            try:
+                cfg = getattr(value, "config", None)
+            except Exception:
+                continue
+            if type(cfg).__name__ == "Config" and hasattr(cfg, "pluginmanager"):
+                return cfg
+        frame = frame.f_back
+    return None
+
+
+def _pg_config():
+    return _pg_config_by_frames()
+"""
+
+DEPTH_FN = """\
+def _pg_config():
+    import sys
+    depth = 1
+    while True:
+        try:
+            frame = sys._getframe(depth)
+        except ValueError:
+            return None
+        for value in list(frame.f_locals.values()):
+            cfg = getattr(value, "config", None)
+            if type(cfg).__name__ == "Config" and hasattr(cfg, "pluginmanager"):
+                return cfg
+        depth += 1
+"""
+
+_CANARY = 're.compile(r"::test_[a-z]+_[a-z]+_[0-9a-f]{6}$")'
+
+# item.obj replaced by a no-op for every test that is not a canary (told apart by name).
+_OBJ_NOOP_PLUGIN = f"""
+
+class _PgObjNoop:
+    def pytest_collection_modifyitems(self, session, config, items):
+        import re
+        canary = {_CANARY}
+        for item in items:
+            if not canary.search(item.nodeid) and hasattr(item, "obj"):
+                item.obj = lambda *args, **kwargs: None
+
+
+"""
+P_OBJ_NOOP_SPARING_CANARIES = REGISTER_FN + _OBJ_NOOP_PLUGIN + registered("_PgObjNoop()", "pg-obj-noop")
+P_OBJ_NOOP_BY_DEPTH = DEPTH_FN + _OBJ_NOOP_PLUGIN + registered("_PgObjNoop()", "pg-obj-noop-depth")
+
+# Run-time xfail, the plugin registered through the unaudited frame walk: the audit hook does not
+# see it, the declared-xfail rule must.
+P_RUNTIME_XFAIL_BY_FRAMES = FRAMES_FN + P_RUNTIME_XFAIL.replace(REGISTER_FN, "", 1).replace(
+    "pg-runtime-xfail", "pg-runtime-xfail-frames")
+
+# A pre-runner: each collected test is run once under sys.setprofile; the tests that call into the
+# package (the canaries call nothing of it) get a no-op body.
+P_PROFILE_PRERUN = FRAMES_FN + """
+
+class _PgPreRun:
+    def pytest_collection_modifyitems(self, session, config, items):
+        import os, sys
+        here = os.path.dirname(os.path.abspath(__file__))
+        for item in items:
+            if not hasattr(item, "obj") or getattr(item, "fixturenames", ()):
+                continue
+            calls = []
+
+            def profile(frame, event, arg):
+                if event == "call" and frame.f_code.co_filename.startswith(here):
+                    calls.append(frame.f_code.co_name)
+
+            sys.setprofile(profile)
+            try:
+                item.obj()
+            except BaseException:
+                pass
+            finally:
+                sys.setprofile(None)
+            if calls:
+                item.obj = lambda *args, **kwargs: None
+
+
+""" + registered("_PgPreRun()", "pg-prerun")
+
+# pytest's own pytest_pyfunc_call given a body that calls no test but the canaries (its __code__ swapped).
+P_CODE_SWAP = under_pytest("""
+    import _pytest.python as _pg_python
+
+    def _pg_fake(pyfuncitem):
+        import re
+        if re.search(r"::test_[a-z]+_[a-z]+_[0-9a-f]{6}$", pyfuncitem.nodeid):
+            names = pyfuncitem._fixtureinfo.argnames
+            pyfuncitem.obj(**{n: pyfuncitem.funcargs[n] for n in names})
+        return True
+
+    _pg_python.pytest_pyfunc_call.__code__ = _pg_fake.__code__
+""")
+
+
 # Canary-aware attacks. The grader appends two canaries (one must pass, one must fail) to the hidden
 # tests' module; code under test that can tell them apart forces only the hidden tests.
 
@@ -977,6 +1084,17 @@ ATTACKS: list[Attack] = [
     Attack("xfail marker added at run time to every non-canary test", in_package(P_RUNTIME_XFAIL),
            AnyOf(Tampering("the run used gc"), NoEffect()),
            note="the marker is not in the test file as written, so XFAIL is a failure"),
+    Attack("xfail marker added at run time, plugin found by walking f_back", in_package(P_RUNTIME_XFAIL_BY_FRAMES),
+           AnyOf(Tampering(), NoEffect()),
+           note="no audited primitive: the hook misses it; the marker is not in the file, so XFAIL fails"),
+    Attack("item.obj replaced by a no-op for every non-canary test (gc)", in_package(P_OBJ_NOOP_SPARING_CANARIES),
+           Tampering("gc.get_objects from the package")),
+    Attack("item.obj replaced by a no-op for every non-canary test (frames by depth)",
+           in_package(P_OBJ_NOOP_BY_DEPTH), Tampering("sys._getframe into the runner")),
+    Attack("tests pre-run under sys.setprofile, those calling the package made no-ops",
+           in_package(P_PROFILE_PRERUN), Tampering("sys.setprofile from the package")),
+    Attack("pytest_pyfunc_call's __code__ swapped, only canaries run", in_package(P_CODE_SWAP),
+           Tampering("setattr of pytest_pyfunc_call.__code__")),
     Attack("package raises pytest.xfail during every test", in_package(P_XFAIL_FROM_SOURCE),
            AnyOf(Tampering("xfail raised outside the test"), NoEffect()),
            note="XFAIL counts as a pass: no plugin, no report tampering"),

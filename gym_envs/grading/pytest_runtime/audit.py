@@ -19,7 +19,8 @@ editable) or anywhere else is not. Events watched (the list comes from the attac
 * ``gc.get_objects``, ``gc.get_referrers``, ``gc.get_referents``: how a forger finds pytest's
   ``Config``, session or items;
 * ``sys.setprofile``, ``sys.settrace``, ``sys._current_frames``, and ``sys._getframe`` when the
-  frame it returns is one of the runner's;
+  frame it returns is one of the runner's or of the import machinery's (whose locals hold pytest's
+  import hook, and through it the ``Config``, while pytest imports a test module);
 * ``object.__setattr__`` on a function, class or module of the runner's (``__code__``,
   ``__defaults__`` swaps);
 * ``open`` of ``/proc/self``, ``/proc/<own pid>`` or ``/proc/thread-self``, of any path of the
@@ -168,7 +169,12 @@ class Policy:
     def _runner_frame(self, frame):
         if frame is None:
             return False
-        real = _real(frame.f_code.co_filename)
+        filename = frame.f_code.co_filename
+        # The import machinery's frames hold pytest's import hook (and through it the Config)
+        # whenever pytest imports a test module.
+        if filename.startswith("<frozen importlib"):
+            return True
+        real = _real(filename)
         return real in self.runner_frame_files or real.startswith(self.runtime)
 
     def say(self, text):
