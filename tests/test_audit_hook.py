@@ -69,10 +69,14 @@ CONTROLS = {
 }
 
 
-def _run(tmp_path: Path, payload: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _run(tmp_path: Path, payload: str, extra: dict[str, str] | None = None
+         ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    for path, text in (extra or {}).items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text(payload + "\n\ndef value():\n    return 1\n")
-    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / TEST_FILE).write_text(TESTS)
     runtime = tmp_path / ".patchgym-rt-0123"
     runtime.mkdir()
@@ -109,6 +113,29 @@ def test_what_libraries_do_every_day_is_not_tampering(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [r["event"] for r in records][-2:] == ["finish", "exit"]
     assert not [r for r in records if r["event"] == "tampering"]
+
+
+def test_test_support_files_are_trusted_unless_written_during_the_run(tmp_path):
+    # A conftest.py of the base commit may walk gc (leak checks do); a helper the package writes into
+    # tests/ during the run and imports is the package's code.
+    gc_walk = "import gc\n_objects = gc.get_objects()\n"
+    proc, records = _run(tmp_path / "a", "", {"tests/conftest.py": gc_walk, "tests/helpers.py": gc_walk,
+                                               "tests/__init__.py": ""})
+    assert proc.returncode == 0 and not [r for r in records if r["event"] == "tampering"], proc.stderr
+    written = ("import importlib, pathlib\npathlib.Path('tests/pg_helper.py').write_text(%r)\n"
+               "importlib.import_module('tests.pg_helper')\n" % gc_walk)
+    proc, records = _run(tmp_path / "b", written, {"tests/__init__.py": ""})
+    tampering = [r for r in records if r["event"] == "tampering"]
+    assert tampering and tampering[0]["file"].endswith("tests/pg_helper.py"), (records, proc.stderr)
+
+
+@pytest.mark.parametrize("path", ["conftest.py", "a/conftest.py", "tests/x.py", "pkg/test/y.py", "testing/z.py",
+                                  "test_a.py", "pkg/b_test.py", "pkg/tests.py", "pkg/mod.py", "pkg/testsuite.py",
+                                  "Tests/x.py", "pkg/contest.py"])
+def test_the_runtime_and_the_patch_filter_agree_on_what_a_test_file_is(path):
+    from gym_envs.grading.patches import is_test_or_config
+    from gym_envs.grading.pytest_runtime.audit import is_test_support
+    assert is_test_support(path) == is_test_or_config(path)
 
 
 def test_a_failure_inside_the_hook_is_a_traceback_and_exit_1(tmp_path, monkeypatch):

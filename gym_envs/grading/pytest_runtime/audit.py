@@ -10,7 +10,8 @@ added (``sys.addaudithook``), sees each of those as an event before it happens, 
 An event is judged by who asked for it: the first frame above the hook whose file is neither the
 standard library nor an interpreter-made pseudo file (``<string>``, ``<frozen ...>``: code made by
 ``exec`` or importlib acts for its caller). That caller is *trusted* when its file is a hidden test
-file, the runtime's own, a module the runner had loaded before the repository was importable (so
+file, a test file or ``conftest.py`` not written during this run (the grader drops the agent's
+changes to those), the runtime's own, a module the runner had loaded before the repository was importable (so
 pytest is trusted even when it is the repository under test), or installed code outside the
 workspace (site-packages); anything else under the workspace (the repository, even installed
 editable) or anywhere else is not. Events watched (the list comes from the attacks in
@@ -44,10 +45,12 @@ walking for the forger) is written down in ``docs/grading.md``.
 Standard library only, Python 3.8+.
 """
 
+import fnmatch
 import os
 import sys
 import sysconfig
 import threading
+import time
 import traceback
 
 WATCHED = frozenset({
@@ -67,6 +70,22 @@ HARNESS_MARK = ".patchgym-"
 RUNTIME_MARK = ".patchgym-rt-"  # testrun.run_tests's name for the runtime's directory
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 RUNNER_PREFIXES = ("_pytest", "pytest", "pluggy", "patchgym")
+
+
+# What gym_envs.grading.patches.is_test_or_config calls a test file (the runtime cannot import
+# patchgym; tests/test_audit_hook.py checks that the two agree): files the filter drops from an
+# agent's patch, so their content is the base commit's or the test patch's.
+TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "tests.py")
+TEST_DIR_NAMES = frozenset({"tests", "test", "testing"})
+
+
+def is_test_support(relative):
+    """Whether ``relative`` (a path inside the workspace) is a test file, in a test directory, or a
+    ``conftest.py``."""
+    parts = relative.replace(os.sep, "/").split("/")
+    if parts[-1] == "conftest.py" or any(part in TEST_DIR_NAMES for part in parts[:-1]):
+        return True
+    return any(fnmatch.fnmatchcase(parts[-1], pattern) for pattern in TEST_FILE_PATTERNS)
 
 
 def _real(path):
@@ -119,6 +138,7 @@ class Policy:
         except OSError:
             self.stderr_fd = 2
         self.pid = os.getpid()
+        self.started = time.time()
         self._verdicts = {}  # filename -> trusted
 
     def trust_loaded_modules(self):
@@ -154,11 +174,22 @@ class Policy:
             if real in self.hidden or real in self.runner_files or real.startswith(self.runtime):
                 verdict = True
             elif real.startswith(self.workspace):
-                verdict = False
+                # Test files and conftest.py are the base commit's or the test patch's (the agent's
+                # changes to them are dropped before grading) unless written during this run: not
+                # cached, so that a file written after its first verdict is judged again.
+                return is_test_support(real[len(self.workspace):]) and self._older_than_run(real)
             else:
                 verdict = real.startswith(self.installed)
             self._verdicts[filename] = verdict
         return verdict
+
+    def _older_than_run(self, path):
+        try:
+            status = os.stat(path)
+        except OSError:
+            return False
+        # ctime: no one can set it back (os.utime sets mtime and atime, and moves ctime to now).
+        return max(status.st_ctime, status.st_mtime) < self.started
 
     # -- what is asked --------------------------------------------------------------------------
 
