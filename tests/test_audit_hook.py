@@ -101,7 +101,7 @@ def test_a_forgers_primitive_ends_the_run_as_tampering(name, tmp_path):
     assert tampering, proc.stdout + proc.stderr
     assert tampering[0]["audit"].startswith(event), tampering[0]
     assert tampering[0]["file"].endswith("pkg/__init__.py"), tampering[0]
-    assert proc.returncode == 1
+    assert proc.returncode == 70
     record = integrity.parse_record("".join(json.dumps(r) + "\n" for r in records))
     reason = integrity.check_run(exit_code=proc.returncode, output=proc.stdout, junit=None, record=record,
                                  reporter=True, requested=[f"{TEST_FILE}::test_value"], canaries=None)

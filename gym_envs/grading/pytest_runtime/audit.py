@@ -34,9 +34,11 @@ editable) or anywhere else is not. Events watched (the list comes from the attac
   ``dlsym``, ``call_function``); ``ctypes.dlopen`` alone is what ``import ctypes`` does.
 
 A caught event is written as a ``tampering`` record through the callback :func:`install` is given,
-with the event and the caller's file and line, and the process ends at once (exit status 1): the
+with the event and the caller's file and line, and the process ends at once (exit status 70, which
+pytest never returns, so that a record that could not be written still leaves a contradiction): the
 forger gets no chance to undo the record. A failure inside the hook itself prints its traceback
-and ends the process the same way, so a bug here is never a silent pass.
+and ends the process with status 1 before the reporter's last record, so a bug here is never a
+silent pass.
 
 What stays open (frames reached through ``sys._getframe(0).f_back`` or a traceback, which no event
 reports; setting attributes of a class, which CPython does not audit; installed code doing the
@@ -69,6 +71,7 @@ WATCHED = WATCHED | PATH_EVENTS
 HARNESS_MARK = ".patchgym-"
 RUNTIME_MARK = ".patchgym-rt-"  # testrun.run_tests's name for the runtime's directory
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+TAMPERED_EXIT = 70
 RUNNER_PREFIXES = ("_pytest", "pytest", "pluggy", "patchgym")
 
 
@@ -311,4 +314,6 @@ def _tampered(policy, event, args, filename, line):
     try:
         policy.report(event="tampering", audit=what, file=filename, line=line)
     finally:
-        os._exit(1)
+        # A status pytest never returns: after the reporter's last record (an atexit hook) the
+        # record cannot be written, and the status then contradicts the recorded one.
+        os._exit(TAMPERED_EXIT)
