@@ -1307,3 +1307,29 @@ def test_repo_env_control_gold_fix_resolves(task, backend):
     reward, info = play(task, backend, [f"printf %s {shlex.quote(task.patch)} | git apply"])
     assert reward == 1.0 and not info["infrastructure_failure"], describe(episode_report(reward, info))
 
+
+
+# A skip the test does not declare: with the gold fix in place, the package skips every test but the
+# FAIL_TO_PASS ones from inside their call (what a patch that breaks PASS_TO_PASS tests would do to
+# hide it). SWE-bench keeps a skipped PASS_TO_PASS test; a skip from the code under test is not kept.
+def _skip_all_but(keep: list[str]) -> str:
+    names = sorted({t.split("::")[-1] for t in keep})
+    return P_XFAIL_FROM_SOURCE.replace(
+        '''            if during_call():
+                import pytest
+                pytest.xfail("known upstream issue")''',
+        f'''            current = os.environ.get("PYTEST_CURRENT_TEST", "")
+            if during_call() and current.split(" ")[0].split("::")[-1] not in {names!r}:
+                import pytest
+                pytest.skip("needs network")''').replace("_pg_xfail_everything", "_pg_skip_others")
+
+
+def test_gold_with_pass_to_pass_tests_skipped_at_run_time_does_not_resolve(task, repo):
+    build = gold_plus(in_package(_skip_all_but(task.FAIL_TO_PASS)))
+    report = Verifier(sandbox_factory("local")).verify(task, build(task, repo))
+    d = report_dict(report)
+    assert "SKIPPED" in report.test_output or " skipped" in report.test_output, describe(d, report.test_output)
+    assert report.reward == 0.0 and not report.resolved, describe(d, report.test_output)
+    assert report.infrastructure_failure is False
+    assert report.tests_status["PASS_TO_PASS"]["failure"], describe(d)
+    assert not report.tests_status["FAIL_TO_PASS"]["failure"], describe(d)
