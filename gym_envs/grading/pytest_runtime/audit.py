@@ -11,9 +11,10 @@ An event is judged by who asked for it: the first frame above the hook whose fil
 standard library nor an interpreter-made pseudo file (``<string>``, ``<frozen ...>``: code made by
 ``exec`` or importlib acts for its caller). That caller is *trusted* when its file is a hidden test
 file, a test file or ``conftest.py`` not written during this run (the grader drops the agent's
-changes to those), the runtime's own, a module the runner had loaded before the repository was importable (so
-pytest is trusted even when it is the repository under test), or installed code outside the
-workspace (site-packages); anything else under the workspace (the repository, even installed
+changes to those), the runtime's own, a module the runner had loaded before the repository was
+importable or a module of the runner's packages (``_pytest``, ``pluggy``: so pytest is trusted even
+when it is the repository under test, pytester included), or installed code outside the workspace
+(site-packages); anything else under the workspace (the repository, even installed
 editable) or anywhere else is not. Events watched (the list comes from the attacks in
 ``tests/test_reward_forgery.py`` and the gold patches of the bundled tasks):
 
@@ -135,6 +136,7 @@ class Policy:
         self.runner_files = set()  # every module loaded before the repository was importable
         self.runner_modules = set()  # pytest's, pluggy's and the runtime's modules
         self.runner_frame_files = set()  # their files: the frames a forger must not reach
+        self.runner_dirs = set()  # their packages' directories
         # Messages go to the stderr the process started with: pytest captures fds 1 and 2.
         try:
             self.stderr_fd = os.dup(2)
@@ -155,6 +157,10 @@ class Policy:
                 self.runner_modules.add(name)
                 if path:
                     self.runner_frame_files.add(_real(path))
+                # The runner's packages as a whole: modules of theirs imported later (pytester,
+                # imported only when a run asks for it) are the runner's too.
+                for directory in getattr(module, "__path__", None) or ():
+                    self.runner_dirs.add(_real(directory) + os.sep)
         self._verdicts.clear()
 
     # -- who is asking --------------------------------------------------------------------------
@@ -174,7 +180,8 @@ class Policy:
         verdict = self._verdicts.get(filename)
         if verdict is None:
             real = _real(filename)
-            if real in self.hidden or real in self.runner_files or real.startswith(self.runtime):
+            if (real in self.hidden or real in self.runner_files or real.startswith(self.runtime)
+                    or real.startswith(tuple(self.runner_dirs))):
                 verdict = True
             elif real.startswith(self.workspace):
                 # Test files and conftest.py are the base commit's or the test patch's (the agent's
@@ -209,7 +216,8 @@ class Policy:
         if filename.startswith("<frozen importlib"):
             return True
         real = _real(filename)
-        return real in self.runner_frame_files or real.startswith(self.runtime)
+        return (real in self.runner_frame_files or real.startswith(self.runtime)
+                or real.startswith(tuple(self.runner_dirs)))
 
     def say(self, text):
         try:
