@@ -284,24 +284,28 @@ _state = threading.local()
 def install(policy):
     """Add the hook for ``policy`` (once per process; it cannot be removed)."""
 
+    # Everything the hook needs is bound here: at interpreter shutdown module globals may be gone.
+    watched, state, getframe, say, exit_now, format_exc = (WATCHED, _state, sys._getframe, policy.say, os._exit,
+                                                           traceback.format_exc)
+
     def hook(event, args):
-        if event not in WATCHED or getattr(_state, "busy", False):
+        if event not in watched or getattr(state, "busy", False):
             return
-        _state.busy = True
+        state.busy = True
         try:
             if not policy.suspect(event, args):
                 return
-            frame = policy.caller(sys._getframe(1))
+            frame = policy.caller(getframe(1))
             filename = frame.f_code.co_filename if frame is not None else "<unknown>"
             if frame is not None and policy.trusted(filename):
                 return
             line = frame.f_lineno if frame is not None else 0
             _tampered(policy, event, args, filename, line)
         except BaseException:
-            policy.say("patchgym-runtime: the audit hook failed:\n" + traceback.format_exc())
-            os._exit(1)
+            say("patchgym-runtime: the audit hook failed:\n" + format_exc())
+            exit_now(1)
         finally:
-            _state.busy = False
+            state.busy = False
 
     sys.addaudithook(hook)
     return hook
