@@ -22,7 +22,8 @@ editable) or anywhere else is not. Events watched (the list comes from the attac
   ``Config``, session or items;
 * ``sys.setprofile``, ``sys.settrace``, ``sys._current_frames``, and ``sys._getframe`` when the
   frame it returns is one of the runner's or of the import machinery's (whose locals hold pytest's
-  import hook, and through it the ``Config``, while pytest imports a test module);
+  import hook, and through it the ``Config``, while pytest imports a test module) — from Python
+  3.11: before it, the event names the caller's frame, not the one returned;
 * ``object.__setattr__`` on a function, class or module of the runner's (``__code__``,
   ``__defaults__`` swaps);
 * ``open`` of ``/proc/self``, ``/proc/<own pid>`` or ``/proc/thread-self``, of any path of the
