@@ -186,6 +186,8 @@ class RunRecord:
     reported_twice: list[str] = field(default_factory=list)
     malformed: str | None = None
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL with no xfail marker
+    skipped_in_call: set[str] = field(default_factory=set)  # skipped while the test function ran
+    tampered: str | None = None  # what the runtime's audit hook caught, and who did it
     rewritten: list[str] = field(default_factory=list)  # "<id> (<phase>)": raised, reported passed
     bypassed: list[str] = field(default_factory=list)  # passed, but not called by pytest's hook
 
@@ -209,6 +211,7 @@ RECORD_FIELDS: dict[str, dict[str, type]] = {
     "finish": {"exitstatus": int},
     "exit": {"code": int},
     "end": {"status": int},
+    "tampering": {"audit": str},  # the audit hook's (pytest_runtime/audit.py), at any point of the run
 }
 PHASES = ("setup", "call", "teardown")
 OUTCOMES = ("passed", "failed", "skipped", "rerun")
@@ -238,12 +241,14 @@ def _record_problem(event: object) -> str | None:
 # Where each kind may appear: the states (what was read last) it may follow.
 _ALLOWED_AFTER = {
     "start": {None},
-    "report": {"start", "report", "collect_error"},
-    "collect_error": {"start", "report", "collect_error"},
-    "finish": {"start", "report", "collect_error"},
-    "exit": {"start", "report", "collect_error", "finish"},
+    "report": {"start", "report", "collect_error", "tampering"},
+    "collect_error": {"start", "report", "collect_error", "tampering"},
+    "finish": {"start", "report", "collect_error", "tampering"},
+    "exit": {"start", "report", "collect_error", "finish", "tampering"},
+    # The audit hook may catch a primitive at any moment the runner's process lives (atexit too).
+    "tampering": {"start", "report", "collect_error", "finish", "exit", "tampering"},
     # The supervisor ends every results file, whatever the runner got to write (it may have died).
-    "end": {None, "start", "report", "collect_error", "finish", "exit"},
+    "end": {None, "start", "report", "collect_error", "finish", "exit", "tampering"},
 }
 
 
@@ -295,10 +300,14 @@ def parse_record(text: str) -> RunRecord:
             status = _phase_status(when, outcome, bool(event.get("xfail")))
             if status is TestStatus.XFAIL and event.get("declared") is False:
                 record.undeclared_xfail.add(nodeid)
+            if status is TestStatus.SKIPPED and when == "call":
+                record.skipped_in_call.add(nodeid)
             previous = record.statuses.get(nodeid)
             if status is None or (previous in FAILING and status not in FAILING):
                 continue
             record.statuses[nodeid] = status
+        elif kind == "tampering":
+            record.tampered = record.tampered or f"{event.get('audit')} from {event.get('file')}:{event.get('line')}"
         elif kind == "finish":
             record.finished = True
         elif kind == "exit":
@@ -347,6 +356,8 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
                     f"{record.end_status}")
         if not record.started:
             return "the runner's results are empty"
+        if record.tampered:
+            return f"the code under test used a forger's primitive during the run: {record.tampered}"
         if record.exit_code is None:
             return None if killed else "the test runner exited before its final record"
         if record.exit_code != exit_code:

@@ -133,12 +133,15 @@ class Grade:
 
 
 def grade(fail_to_pass: list[str], pass_to_pass: list[str], statuses: dict[str, TestStatus],
-          undeclared_xfail: set[str] = frozenset()) -> Grade:
+          undeclared_xfail: set[str] = frozenset(), undeclared_skip: set[str] = frozenset()) -> Grade:
     """Apply the grading rules to the observed ``statuses``.
 
-    An XFAIL FAIL_TO_PASS test passes only when the test declares the expected failure (an xfail
-    marker): ``undeclared_xfail`` are tests that xfailed without one, e.g. because the code under
-    test called ``pytest.xfail()`` to turn every failure into an "expected" one.
+    An XFAIL test (FAIL_TO_PASS or PASS_TO_PASS) passes only when its file declares the expected
+    failure (:mod:`.declared`): ``undeclared_xfail`` are tests that xfailed without saying so, e.g.
+    because a plugin the code under test registered added the marker at run time, or the code
+    under test called ``pytest.xfail()``; they are failures. Likewise a PASS_TO_PASS test in
+    ``undeclared_skip`` (skipped from inside its call, by code its file does not declare a skip in)
+    is a failure, not kept.
 
     FAIL_TO_FAIL and PASS_TO_FAIL are empty: like SWE-bench, this harness runs only the
     FAIL_TO_PASS and PASS_TO_PASS tests, so nothing is known about the others.
@@ -152,7 +155,8 @@ def grade(fail_to_pass: list[str], pass_to_pass: list[str], statuses: dict[str, 
             status = None if key is None else statuses[key]
             if key is None:
                 out.missing.append(test_id)
-            elif section == "FAIL_TO_PASS" and status is TestStatus.XFAIL and key in undeclared_xfail:
+            elif (status is TestStatus.XFAIL and key in undeclared_xfail) or (
+                    status is TestStatus.SKIPPED and key in undeclared_skip):
                 status = TestStatus.FAILED
             (success if ok(status) else failure).append(test_id)
         out.tests_status[section] = {"success": success, "failure": failure}

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gym_envs.grading import integrity, labels, runners
+from gym_envs.grading.declared import DeclaredTests, files_of
 from gym_envs.grading.outcome import JunitError, TestStatus, parse_junit
 from gym_envs.grading.patch_apply import apply_patch, stage_patch
 from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
@@ -50,7 +51,8 @@ class TestRun:
     applied: list[bool] = field(default_factory=list)
     tampering: str | None = None
     canaries: bool = False  # the run included a canary that must fail, so it must exit 1
-    undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL without an xfail marker
+    undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL its file does not declare
+    undeclared_skip: set[str] = field(default_factory=set)  # skipped in its call, its file says no skip
     # CPU time of the test command's whole process tree (None where the backend cannot measure it):
     # the tests' own cost, kept apart from the environment's (gym_envs.grading.cost).
     cpu_seconds: float | None = None
@@ -122,6 +124,9 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     harness = harness or place_harness_files(sandbox)
     junit, results, runtime = harness.junit, harness.results, harness.runtime
     requested = list(dict.fromkeys(tests))
+    # What the hidden tests' files declare, read before anything of the agent's has run (see
+    # gym_envs.grading.declared): an XFAIL or a skip they do not declare is not the test's own.
+    declared = DeclaredTests({path: _read_source(sandbox, path) for path in files_of(requested)})
     canaries = None
     if requested:
         path = integrity.canary_path(requested)
@@ -166,15 +171,29 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
                                                                       if result.timed_out else "")
         return run
-    run.undeclared_xfail = record.undeclared_xfail if record is not None else set()
+    run.undeclared_xfail = set(record.undeclared_xfail) if record is not None else set()
     if record is not None and run.tampering is None and not result.timed_out:
         run.could_not_start = labels.could_not_start(record.exit_code, bool(record.statuses), result.output)
     if junit_statuses is not None:
         hidden = set(canaries.ids) if canaries else set()
         run.statuses = {t: s for t, s in junit_statuses.items() if t not in hidden}
+        run.undeclared_xfail |= {t for t, s in run.statuses.items()
+                                 if s is TestStatus.XFAIL and not declared.declares_xfail(t)}
+        in_call = record.skipped_in_call if record is not None else set()
+        run.undeclared_skip = {t for t, s in run.statuses.items() if s is TestStatus.SKIPPED
+                               and t in in_call and not declared.declares_skip(t)}
     elif run.error is None:
         run.error = "no test results" + (" (the test run timed out)" if result.timed_out else "")
     return run
+
+
+def _read_source(sandbox: Sandbox, path: str) -> bytes | None:
+    """A test file's content, or None when it is missing or not a regular file."""
+    try:
+        data = sandbox.read_file(path)
+    except (OSError, PathOutsideWorkspaceError):
+        return None
+    return data if isinstance(data, bytes) else data.encode()
 
 
 def _check_runner_starts(sandbox: Sandbox, python: str) -> None:

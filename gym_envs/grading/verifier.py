@@ -263,7 +263,7 @@ class Verifier:
             report.error = run.error
         if run.could_not_start:  # the agent's failure here; at the base commit validation says so
             report.outcome, report.outcome_detail = Outcome.TESTS_COULD_NOT_START, run.could_not_start
-        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail)
+        g = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, run.statuses, run.undeclared_xfail, run.undeclared_skip)
         report.tests_status = g.tests_status
         report.missing_tests = g.missing
         report.results_consistent = run.consistent

@@ -9,6 +9,9 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
   distributions installed in the environment.
 * :mod:`supervisor` forks pytest's process from the bootstrap's and outlives it: a subreaper that
   kills every process of the run once pytest has exited, and only then writes the results file.
+* :mod:`audit` is a PEP 578 audit hook, installed before the repository is importable, that ends
+  the run as tampered when code under test uses an in-process forger's primitives (``gc`` walks,
+  tracing, the runner's frames or functions, ``/proc/self``, the harness's files, ``ctypes``).
 * :mod:`reporter` is a pytest plugin registered before any repository code runs; it writes every
   test report, the session's end and the runner's exit status to a results file, which the harness
   cross-checks with pytest's own junit XML and with canary tests (see :mod:`gym_envs.grading.testrun`).
@@ -17,4 +20,4 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).parent
-RUNTIME_FILES = ("bootstrap.py", "reporter.py", "supervisor.py")
+RUNTIME_FILES = ("bootstrap.py", "reporter.py", "supervisor.py", "audit.py")

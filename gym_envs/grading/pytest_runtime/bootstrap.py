@@ -176,6 +176,37 @@ def _supervised(results):
     return module.supervise(results)
 
 
+def _load_runtime_module(name):
+    spec = importlib.util.spec_from_file_location(f"patchgym_{name}", os.path.join(HERE, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"patchgym_{name}"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _hidden_test_files(args):
+    """The test files the command line names (the hidden tests and the canaries' module)."""
+    files = []
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        path = arg.split("::", 1)[0]
+        if path.endswith(".py"):
+            files.append(path)
+    return files
+
+
+def _guard(reporter, results, args):
+    """Install the audit hook (:mod:`audit`) before the repository is importable; its tampering
+    records go through the reporter. Returns the policy, to trust the runner once it is loaded."""
+    audit = _load_runtime_module("audit")
+    junit = [a.split("=", 1)[1] for a in args if a.startswith("--junitxml=")]
+    policy = audit.Policy(WORKSPACE, _hidden_test_files(args), HERE, reporter.record,
+                          results_fd=getattr(reporter, "fd", None), harness_files=[results, *junit])
+    audit.install(policy)
+    return policy
+
+
 def main():
     results = os.environ.pop("PATCHGYM_RESULTS", None)
     if not results:
@@ -187,7 +218,9 @@ def main():
     try:
         reporter_module = _load_reporter()
         reporter = reporter_module.Reporter(records, WORKSPACE)
+        policy = _guard(reporter, results, sys.argv[1:])
         _preload_runner()
+        policy.trust_loaded_modules()
         import pytest
         if not runner_is_the_repository():
             sys.pycache_prefix = NO_BYTECODE

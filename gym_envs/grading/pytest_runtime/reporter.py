@@ -63,6 +63,10 @@ class Reporter:
         while data:
             data = data[os.write(self.fd, data):]
 
+    def record(self, **record):
+        """Write a record of the runtime's own (the audit hook's ``tampering``)."""
+        self._write(**record)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_load_initial_conftests(self, early_config):
         # What `python -m pytest` does (the working directory first), but only now: plugins and

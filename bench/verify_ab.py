@@ -1,0 +1,60 @@
+"""Verify time of two checkouts of patchgym, A and B: gold on the first N bundled tasks, each
+round one child process per checkout (alternating which goes first), medians of the rounds' totals.
+
+    python bench/verify_ab.py --a $MAIN --b $BRANCH [--rounds 5] [--tasks 6]
+
+Each child imports patchgym from its checkout (PYTHONPATH) and asserts every gold resolves with no
+tampering; the environments come from the shared caches, so both sides grade the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+CHILD = r'''
+import json, sys, time
+import gym_envs
+from gym_envs import Verifier, load_task_set
+ts = load_task_set()
+ids = sorted(t.instance_id for t in ts)[:int(sys.argv[1])]
+v = Verifier()
+v.verify(ts.get(ids[0]), ts.get(ids[0]).patch)  # warm
+out = {}
+for i in ids:
+    t = ts.get(i)
+    s = time.perf_counter(); r = v.verify(t, t.patch); out[i] = time.perf_counter() - s
+    assert r.resolved and not r.tampering_detected, (i, r.error, r.tampering_reason)
+print(json.dumps({"file": gym_envs.__file__, "times": out}))
+'''
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a", required=True)
+    p.add_argument("--b", required=True)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tasks", type=int, default=6)
+    args = p.parse_args()
+    totals: dict[str, list[float]] = {"a": [], "b": []}
+    for r in range(args.rounds):
+        for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
+            root = os.path.abspath(getattr(args, side))
+            proc = subprocess.run([sys.executable, "-c", CHILD, str(args.tasks)], cwd=root, capture_output=True,
+                                  text=True, env={**os.environ, "PYTHONPATH": root})
+            if proc.returncode:
+                sys.exit(proc.stderr[-3000:])
+            data = json.loads(proc.stdout.strip().splitlines()[-1])
+            assert data["file"].startswith(root), data["file"]
+            totals[side].append(sum(data["times"].values()))
+            print(side, round(totals[side][-1], 2), flush=True)
+    ma, mb = statistics.median(totals["a"]), statistics.median(totals["b"])
+    print(json.dumps({"median_a_s": round(ma, 2), "median_b_s": round(mb, 2), "b_over_a": round(mb / ma, 3),
+                      "a": totals["a"], "b": totals["b"]}))
+
+
+if __name__ == "__main__":
+    main()
