@@ -83,6 +83,7 @@ def _run(tmp_path: Path, payload: str, extra: dict[str, str] | None = None
     for name in RUNTIME_FILES:
         shutil.copy(RUNTIME_DIR / name, runtime / name)
     results = ".patchgym-results-0123.jsonl"
+    (tmp_path / results).write_bytes(b"")  # as testrun.place_harness_files leaves it before the run
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHON"))}
     proc = subprocess.run([sys.executable, "-I", "-B", f"{runtime.name}/bootstrap.py", "-q", "-p", "no:cacheprovider",
                            "--junitxml=.patchgym-junit-0123.xml", f"{TEST_FILE}::test_value"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from gym_envs.grading.declared import DeclaredTests, files_of
+from gym_envs.grading.declared import DeclaredTests, conftests_of, files_of
 from gym_envs.grading.outcome import TestStatus, grade
 
 SOURCE = textwrap.dedent('''
@@ -115,3 +115,12 @@ def test_an_undeclared_xfail_fails_both_sections_and_an_undeclared_call_skip_fai
     assert not g.resolved
     declared_ok = grade(["f2p"], ["p2p", "p2p_skip"], statuses)
     assert declared_ok.resolved
+
+
+def test_a_conftest_that_marks_xfails_declares_them_for_the_tests_below_it():
+    assert conftests_of(["a/b/test_x.py", "test_y.py"]) == ["a/b/conftest.py", "a/conftest.py", "conftest.py"]
+    marks = "def pytest_collection_modifyitems(items):\n    for i in items:\n        i.add_marker('xfail')\n"
+    d = DeclaredTests({"a/b/test_x.py": "def test_x(): pass\n", "c/test_z.py": "def test_z(): pass\n"},
+                      {"a/conftest.py": marks, "conftest.py": "import pytest\n", "c/conftest.py": None})
+    assert d.declares_xfail("a/b/test_x.py::test_x")
+    assert not d.declares_xfail("c/test_z.py::test_z")

@@ -20,7 +20,8 @@ A test declares an expected failure when its file says so about it (each an AST 
   or a fixture defined in the same file that the function takes as a parameter does.
 
 A test the file does not define (inherited from another module, generated) counts as declared
-when the file mentions ``xfail`` anywhere: it is never told apart from a file that does.
+when the file mentions ``xfail`` anywhere: it is never told apart from a file that does. Every test
+below a ``conftest.py`` that mentions ``xfail`` counts as declared (see :class:`DeclaredTests`).
 
 Skips (:func:`declares_skip`) follow the same rules with ``skip``, ``skipif``, ``importorskip``,
 ``SkipTest``, ``skipTest``, ``skipIf``, ``skipUnless``; they are only consulted for a test skipped in
@@ -51,6 +52,8 @@ def _mentions(node: ast.AST | None, words: frozenset[str], aliases: frozenset[st
             return True
         if isinstance(sub, ast.alias) and (sub.asname or sub.name).split(".")[-1] in words:
             return True
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value in words:
+            return True  # add_marker("xfail"), getattr(pytest.mark, "xfail")
     return False
 
 
@@ -112,12 +115,44 @@ def _analyse(tree: ast.Module, words: frozenset[str]) -> _Scope:
     return scope
 
 
-class DeclaredTests:
-    """The expected failures and skips that a set of test files declare."""
+def conftests_of(paths: Iterable[str]) -> list[str]:
+    """The ``conftest.py`` files that could apply to test files at ``paths`` (their directories and
+    every directory above, up to the repository's root)."""
+    out: list[str] = []
+    for path in paths:
+        parts = path.split("/")[:-1]
+        for depth in range(len(parts), -1, -1):
+            out.append("/".join([*parts[:depth], "conftest.py"]))
+    return list(dict.fromkeys(out))
 
-    def __init__(self, sources: Mapping[str, bytes | str | None]) -> None:
+
+class DeclaredTests:
+    """The expected failures and skips that a set of test files declare.
+
+    ``conftests`` are the ``conftest.py`` files above them (:func:`conftests_of`): a repository's
+    conftest can mark tests at collection (a list of known failures), and the agent cannot change
+    it (the patch filter drops conftest.py), so where one mentions ``xfail`` (or a skip), every test
+    below it counts as declaring one. This spares the gold patch of such repositories; it also
+    lets a forger's run-time XFAIL pass there, which the audit hook is left to stop."""
+
+    def __init__(self, sources: Mapping[str, bytes | str | None],
+                 conftests: Mapping[str, bytes | str | None] | None = None) -> None:
         self._xfail: dict[str, _Scope | None] = {}
         self._skip: dict[str, _Scope | None] = {}
+        self._xfail_dirs: set[str] = set()
+        self._skip_dirs: set[str] = set()
+        for path, source in (conftests or {}).items():
+            try:
+                tree = parse_python(source) if source is not None else None
+            except (SyntaxError, ValueError):
+                tree = None
+            if tree is None:
+                continue
+            where = path.rsplit("/", 1)[0] if "/" in path else ""
+            if _mentions(tree, XFAIL_WORDS):
+                self._xfail_dirs.add(where)
+            if _mentions(tree, SKIP_WORDS):
+                self._skip_dirs.add(where)
         for path, source in sources.items():
             try:
                 tree = parse_python(source) if source is not None else None
@@ -127,10 +162,12 @@ class DeclaredTests:
             self._skip[path] = _analyse(tree, SKIP_WORDS) if tree is not None else None
 
     @staticmethod
-    def _declared(scopes: Mapping[str, _Scope | None], node_id: str) -> bool:
+    def _declared(scopes: Mapping[str, _Scope | None], node_id: str, dirs: set[str] = frozenset()) -> bool:
         path, sep, rest = node_id.partition("::")
         if not sep:
             return False
+        if any(d == "" or path.startswith(d + "/") for d in dirs):
+            return True
         scope = scopes.get(path)
         if scope is None:  # a file that was not read or does not parse: nothing is declared
             return False
@@ -141,11 +178,11 @@ class DeclaredTests:
 
     def declares_xfail(self, node_id: str) -> bool:
         """Whether the file of ``node_id`` declares that the test may fail expectedly."""
-        return self._declared(self._xfail, node_id)
+        return self._declared(self._xfail, node_id, self._xfail_dirs)
 
     def declares_skip(self, node_id: str) -> bool:
         """Whether the file of ``node_id`` declares that the test may skip itself."""
-        return self._declared(self._skip, node_id)
+        return self._declared(self._skip, node_id, self._skip_dirs)
 
 
 def files_of(test_ids: Iterable[str]) -> list[str]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gym_envs.grading import integrity, labels, runners
-from gym_envs.grading.declared import DeclaredTests, files_of
+from gym_envs.grading.declared import DeclaredTests, conftests_of, files_of
 from gym_envs.grading.outcome import JunitError, TestStatus, parse_junit
 from gym_envs.grading.patch_apply import apply_patch, stage_patch
 from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
@@ -126,7 +126,9 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     requested = list(dict.fromkeys(tests))
     # What the hidden tests' files declare, read before anything of the agent's has run (see
     # gym_envs.grading.declared): an XFAIL or a skip they do not declare is not the test's own.
-    declared = DeclaredTests({path: _read_source(sandbox, path) for path in files_of(requested)})
+    test_files = files_of(requested)
+    declared = DeclaredTests({path: _read_source(sandbox, path) for path in test_files},
+                             {path: _read_source(sandbox, path) for path in conftests_of(test_files)})
     canaries = None
     if requested:
         path = integrity.canary_path(requested)
