@@ -275,11 +275,14 @@ def synth(
         class Bars(Listener):
             bar = None
 
-            def stage(self, name: str, total: int | None) -> None:
-                self.bar = progress.add_task(name, total=total, status="")
+            def stage(self, name: str, total: int | None, completed: int = 0) -> None:
+                self.bar = progress.add_task(name, total=total, status="", completed=completed)
 
             def step(self, status: str, advance: int = 1) -> None:
                 progress.update(self.bar, advance=advance, status=status)
+
+            def note(self, message: str) -> None:
+                console.print(message, markup=False, highlight=False)
 
         try:
             report = synthesize(record, output, options, verifier=verifier, factory=verifier.factory, listener=Bars())
@@ -313,11 +316,16 @@ def synth(
         out.print("mutants dropped: " + "; ".join(f"{reason} {n}" for reason, n in dropped.most_common()),
                   highlight=False)
     written, seconds = len(report.tasks), report.seconds
-    if validate and written:
-        out.print(f"validated {written}/{len(report.candidates)}; per validated task: "
-                  f"{seconds.get('validation', 0.0) / written:.1f}s validating, "
-                  f"{seconds['total'] / written:.1f}s in all ({seconds['total']:.1f}s total)")
-    out.print(f"wrote {written} task(s) to {report.output}" + (f" (commits: {report.bundle})" if report.bundle else "")
-              + ("" if validate else " (not validated)"))
+    new = written - report.resumed
+    if validate and new > 0:
+        out.print(f"validated {new}/{len(report.candidates)} candidate(s) in this run; "
+                  f"{seconds['total'] / new:.1f}s per validated task ({seconds['total']:.1f}s total)")
+    out.print(f"{report.output} holds {written} task(s)" + (f" ({report.resumed} from an earlier run)"
+                                                             if report.resumed else "")
+              + (f"; commits: {report.bundle}" if report.bundle else "") + ("" if validate else " (not validated)"),
+              highlight=False)
+    if report.interrupted:
+        out.print("interrupted: rerun the same command to go on where this run stopped", highlight=False)
+        raise typer.Exit(130)
     if not written:
         raise typer.Exit(1)
