@@ -6,6 +6,7 @@ tests are run; :mod:`cli.app` mounts ``mine`` and ``synth`` in the ``tasks`` gro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -170,7 +171,6 @@ def mine(
     FAIL_TO_PASS/PASS_TO_PASS from running the tests before and after it (rules: gym_envs/making/mining.py)."""
     from gym_envs.making.mining import Dropped, MiningError, load_issue_texts, mine
     from gym_envs.making.registry import UnknownRepoError, get_repo
-    from tasks.model import save_tasks
 
     try:
         record = get_repo(repo)
@@ -179,33 +179,38 @@ def mine(
         fail(str(exc))
     verifier = make_verifier(backend, isolation)
     console.print(f"reading the history of {record.name} ({record.source})", highlight=False)
+    output = output.expanduser().resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
     with progress_bar() as progress:
         bars: dict[str, object] = {}
-        counts: dict[str, list[int]] = {}
+        counts = [0, 0]
 
         def stage(name: str, total: int) -> None:
             bars[name] = progress.add_task(name, total=total, status="")
-            counts[name] = [0, 0]
 
         def item(name: str, outcome) -> None:
-            ok = not isinstance(outcome, Dropped) and getattr(outcome, "ok", True)
-            counts[name][0 if ok else 1] += 1
-            progress.update(bars[name], advance=1, status=f"{counts[name][0]} kept, {counts[name][1]} dropped")
+            counts[0 if not isinstance(outcome, Dropped) else 1] += 1
+            progress.update(bars[name], advance=1, status=f"{counts[0]} kept, {counts[1]} dropped")
 
         try:
             result = mine(record, since=since, max_candidates=max_candidates, issue_texts=texts, workers=workers,
                           factory=verifier.factory, verifier=verifier, validate_runs=runs if validate else 0,
-                          p2p_all=p2p_all, on_stage=stage, on_item=item)
+                          p2p_all=p2p_all, on_stage=stage, on_item=item, output=output,
+                          note=lambda message: console.print(message, markup=False, highlight=False))
         except MiningError as exc:
             fail(str(exc))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_tasks(result.tasks, output)
+    summary_file = output.with_name(f"{output.stem}.summary.json")
+    tmp = summary_file.with_name(f".{summary_file.name}.tmp")
+    tmp.write_text(json.dumps(result.summary(), indent=2) + "\n")
+    tmp.replace(summary_file)
     table = Table(title=f"candidate commits of {record.name}")
     for col in ("commit", "subject", "outcome", "F2P", "P2P", "detail"):
         table.add_column(col, overflow="fold")
     for candidate in result.candidates:
-        outcome = result.outcomes[candidate.sha]
-        if isinstance(outcome, Dropped):
+        outcome = result.outcomes.get(candidate.sha)
+        if outcome is None:
+            table.add_row(candidate.short_sha, candidate.subject[:60], "not finished", "-", "-", "")
+        elif isinstance(outcome, Dropped):
             table.add_row(candidate.short_sha, candidate.subject[:60], f"[red]{outcome.reason.value}[/]", "-", "-",
                           outcome.detail[:200].replace("[", "\\["))
         else:
@@ -221,8 +226,14 @@ def mine(
     summary.add_row("kept", str(len(result.tasks)))
     for reason, n in result.drop_counts().items():
         summary.add_row(f"dropped: {reason.value}", str(n))
+    if result.interrupted:
+        summary.add_row("not finished (interrupted)", str(len(result.candidates) - len(result.outcomes)))
     out.print(summary)
-    out.print(f"wrote {len(result.tasks)} task(s) to {output}" + ("" if validate else " (not validated)"))
+    out.print(f"{output} holds {len(result.tasks)} task(s)" + ("" if validate else " (not validated)")
+              + f"; counts and reasons in {summary_file.name}", highlight=False)
+    if result.interrupted:
+        out.print("interrupted: rerun the same command to go on where this run stopped", highlight=False)
+        raise typer.Exit(130)
 
 
 def synth(

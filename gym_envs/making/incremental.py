@@ -86,16 +86,29 @@ class Progress:
         self.path = output.with_name(f".{output.stem}.progress.json")
         self.key = key
 
-    def read(self) -> int:
+    def _saved(self) -> dict[str, Any] | None:
         try:
             saved = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            return 0
-        return int(saved.get("next", 0)) if isinstance(saved, dict) and saved.get("key") == self.key else 0
+            return None
+        return saved if isinstance(saved, dict) and saved.get("key") == self.key else None
 
-    def write(self, next_index: int) -> None:
+    def matches(self) -> bool:
+        """Whether the side file is this run's (same key)."""
+        return self._saved() is not None
+
+    def read(self) -> int:
+        saved = self._saved()
+        return int(saved.get("next", 0)) if saved else 0
+
+    def notes(self) -> dict[str, Any]:
+        """What the run kept beside its position (e.g. why items were dropped)."""
+        saved = self._saved()
+        return dict(saved.get("notes") or {}) if saved else {}
+
+    def write(self, next_index: int, notes: dict[str, Any] | None = None) -> None:
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": self.key, "next": next_index}))
+        tmp.write_text(json.dumps({"key": self.key, "next": next_index, "notes": notes or {}}))
         tmp.replace(self.path)
 
 
