@@ -250,6 +250,9 @@ def synth(
     validate: Annotated[bool, typer.Option(
         "--validate/--no-validate", help="Validate the tasks; only valid ones are written.")] = True,
     runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task when validating.")] = 2,
+    whole_suite: Annotated[bool, typer.Option(
+        "--whole-suite", help="Check every mutant with the whole suite in a fresh sandbox, not with the tests a "
+                              "traced run says reach its function in a warm one (slower; for comparison).")] = False,
     max_failing: Annotated[float, typer.Option(
         "--max-failing", min=0.0, max=1.0, help="Drop bugs breaking more than this fraction of the passing tests.")
     ] = 1.0,
@@ -278,7 +281,7 @@ def synth(
     except UnknownRepoError as exc:
         fail(str(exc))
     options = SynthOptions(n=n, seed=seed, kinds=tuple(wanted), rev=rev, workers=workers, validate=validate,
-                           runs=runs, max_failing_fraction=max_failing, rewrite_url=rewrite_url,
+                           runs=runs, max_failing_fraction=max_failing, fast=not whole_suite, rewrite_url=rewrite_url,
                            rewrite_model=rewrite_model, rewrite_api_key=rewrite_api_key)
     verifier = make_verifier(backend, isolation)
     with progress_bar() as progress:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from gym_envs import load_tasks
 from gym_envs.grading.outcome import TestStatus
+from gym_envs.grading.pyast import parse as parse_python
 from gym_envs.grading.testrun import TestRun
 from gym_envs.grading.verifier import Verifier
 from gym_envs.making.registry import RepoRecord
@@ -465,3 +466,28 @@ def test_an_interrupted_synth_run_goes_on_to_the_same_task_file(tmp_path):
     assert not list(cut.parent.glob(".*.candidates.bundle"))
     done = CliRunner().invoke(__import__("cli").app, ["tasks", "synth", *args, "--output", str(cut)])
     assert done.exit_code == 0 and "nothing to do" in done.output and cut.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.slow
+def test_the_traced_run_maps_each_test_to_the_functions_it_calls(mini_repo):
+    from gym_envs.grading.testrun import probe
+    from gym_envs.making.synth.mutations import functions
+    from gym_envs.making.synth.testmap import build_map
+    from tasks.backends import make_sandbox
+
+    head = git(Path(mini_repo.source), "rev-parse", "HEAD").strip()
+    task = mini_repo.probe_task(head)
+    baseline = probe(task)
+    source = (Path(mini_repo.source) / "mini/core.py").read_text()
+    decorated = source.replace("def mean(", "@staticmethod\ndef mean(")  # first line: the decorator's
+    test_map, why = build_map(task, make_sandbox, {"mini/core.py": functions(parse_python(source))},
+                              set(baseline.statuses))
+    assert test_map is not None, why
+    assert test_map.tests("mini/core.py", "clamp") == {"tests/test_core.py::test_clamp",
+                                                       "tests/test_core.py::test_clamp_bad_interval"}
+    assert test_map.tests("mini/core.py", "mean") == {"tests/test_core.py::test_mean"}
+    assert test_map.tests("mini/core.py", "span") == {"tests/test_span.py::test_span",
+                                                      "tests/test_span.py::test_span_pad"}
+    assert functions(parse_python(decorated))[1].lines[0] == source[: source.index("def mean(")].count("\n") + 1
+    no_ids, why = build_map(task, make_sandbox, {"mini/core.py": functions(parse_python(source))}, {"t.py::x"})
+    assert no_ids is None and "match" in why

@@ -30,24 +30,29 @@ import ast
 import copy
 import random
 import re
+import shlex
 import shutil
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gym_envs.grading import integrity
 from gym_envs.grading.patches import is_test_or_config
 from gym_envs.grading.pyast import parse as parse_python
-from gym_envs.grading.testrun import TestRun, probe
+from gym_envs.grading.testrun import TestRun, probe, run_tests
 from gym_envs.grading.verifier import Verifier
 from gym_envs.making.incremental import STOP_TIMEOUT, Progress, TaskFile, Workers
 from gym_envs.making.registry import RepoRecord
 from gym_envs.making.synth import mutations
 from gym_envs.making.synth.scratch import Scratch, SynthError
 from gym_envs.making.synth.statement import failure_messages, rank_apis, rewrite, safe_statement, test_calls
+from gym_envs.making.synth.testmap import TestMap, build_map
 from gym_envs.making.validation import TaskValidation, validate_task
+from sandboxes import Sandbox, SandboxError
 from tasks.backends import SandboxFactory
 from tasks.model import Task
 
@@ -55,6 +60,7 @@ NON_SOURCE_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "bench", 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PROBE_TIMEOUT_FLOOR = 30.0  # seconds
 PROBE_TIMEOUT_FACTOR = 10.0  # times the baseline run's (sandbox included)
+WARM_RUNS = 50  # mutants checked in one warm sandbox before a fresh one (what test runs leave behind adds up)
 LOOKAHEAD = 64  # mutants tried ahead of the first one not yet written or dropped
 
 
@@ -68,6 +74,7 @@ class SynthOptions:
     validate: bool = True
     runs: int = 2
     max_failing_fraction: float = 1.0  # drop mutants breaking more of the passing tests than this
+    fast: bool = True  # check each mutant with the tests that reach it (a traced run's map), warm
     probe_timeout: float | None = None  # seconds a mutant's test run may take (default: from the baseline's)
     rewrite_url: str | None = None
     rewrite_model: str | None = None
@@ -278,7 +285,8 @@ class _Item:
     """One mutant on its way: checked, then (when it broke tests) made a task and validated."""
 
     attempt: Attempt
-    state: str = "checking"  # checking → kept → validating → done
+    state: str = "checking"  # checking (warm) → confirm → confirming (whole suite) → kept → validating → done
+    selected: list[str] = field(default_factory=list)  # the tests the warm check ran
     task: Task | None = None
     validation: TaskValidation | None = None
 
@@ -317,7 +325,10 @@ class _Search:
     verifier: Verifier
     listener: Listener
     probe_task: Task
+    fast_task: Task
+    test_map: TestMap | None = None
     candidates: dict[str, str] = field(default_factory=dict)  # candidate ref → commit
+    local: threading.local = field(default_factory=threading.local)  # each worker's warm sandbox
 
     @property
     def bundle(self) -> Path:
@@ -347,6 +358,12 @@ class _Search:
                     task = waiting.task.model_copy(update={"repo_path": str(self.candidates_bundle)})
                     workers.submit(waiting, lambda t=task: validate_task(t, self.verifier, self.options.runs))
                     continue
+                confirm = next((i for i in line if i.state == "confirm"), None)
+                if confirm is not None:  # broke the tests that reach it: the whole suite, in a fresh sandbox
+                    confirm.state = "confirming"
+                    diff = self.scratch.diff(self.rev, confirm.attempt.commit)
+                    workers.submit(confirm, lambda d=diff: probe(self.probe_task, [d], (), self.workers.factory))
+                    continue
                 pending = sum(i.task is not None and (i.validation is None or i.validation.ok) for i in line)
                 if exhausted or len(self.task_file.tasks) + pending >= options.n or len(line) >= LOOKAHEAD:
                     break
@@ -372,9 +389,55 @@ class _Search:
                           mutations.changed_lines(self.sources[path], mutant.source))
         self.report.attempts.append(attempt)
         item = _Item(attempt)
+        if self.test_map is not None:
+            tests = sorted(self.test_map.tests(path, mutant.function))
+            if not tests:
+                attempt.verdict, item.state = "no test reaches the function (traced run)", "done"
+                return item
+            item.selected = tests
+            self.workers.submit(item, lambda: self._warm(path, mutant.source, tests))
+            return item
         diff = self.scratch.diff(self.rev, commit)
         self.workers.submit(item, lambda: probe(self.probe_task, [diff], (), self.workers.factory))
+        item.state = "confirming"
         return item
+
+    def _warm(self, path: str, source: str, tests: list[str]) -> TestRun:
+        """The mutant's file written into this worker's warm sandbox, the tests that reach it run,
+        and the file (and what the run wrote) put back; a sandbox whose run went wrong is dropped."""
+        local = self.local
+        sandbox = getattr(local, "sandbox", None)
+        if sandbox is None or local.uses >= WARM_RUNS:
+            if sandbox is not None:
+                _close(sandbox)
+            sandbox = local.sandbox = self.workers.factory(self.fast_task)
+            local.uses = 0
+        local.uses += 1
+        canary = integrity.canary_path(tests)
+        try:
+            saved: bytes | None = sandbox.read_file(canary)
+        except FileNotFoundError:
+            saved = None
+        sandbox.write_file(path, source)
+        cache = shlex.quote(str(PurePosixPath(path).parent / "__pycache__"))
+        sandbox.exec(f"rm -rf {cache}", timeout=60)
+        run = None
+        try:
+            run = run_tests(sandbox, self.fast_task.test_spec, tests)
+        finally:
+            try:
+                sandbox.write_file(path, self.sources[path])
+                if saved is None:
+                    sandbox.exec(f"rm -f {shlex.quote(canary)}", timeout=60)
+                else:
+                    sandbox.write_file(canary, saved)
+                sandbox.exec("rm -rf .patchgym-*", timeout=60)
+            except (SandboxError, OSError):
+                run = None
+            if run is None or run.timed_out or run.error:
+                _close(sandbox)
+                local.sandbox = None
+        return run
 
     def _finished(self, item: _Item, result: TestRun | TaskValidation) -> None:
         if isinstance(result, TaskValidation):
@@ -383,6 +446,11 @@ class _Search:
             item.state = "done"
             return
         attempt = item.attempt
+        if item.state == "checking":  # the warm check with the tests that reach the function
+            reach = TestRun({t: self.baseline.statuses[t] for t in item.selected}, "", "", 0, False)
+            attempt.verdict, attempt.failing, attempt.passing = judge(result, reach)
+            item.state = "confirm" if attempt.broke else "done"
+            return
         attempt.verdict, attempt.failing, attempt.passing = judge(result, self.baseline,
                                                                   self.options.max_failing_fraction)
         if not attempt.broke:
@@ -487,11 +555,22 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
                                                max(PROBE_TIMEOUT_FLOOR, PROBE_TIMEOUT_FACTOR * baseline_seconds))
         check = record.probe_task(rev, instance_id="synth-probe")
         check = check.model_copy(update={"test_spec": check.test_spec.model_copy(update={"timeout": timeout})})
+        fast = check.model_copy(update={"test_spec": check.test_spec.model_copy(update={"selection": "ids"})})
+        test_map = None
+        if options.fast:
+            listener.stage("tracing which tests reach which function", 1)
+            functions = {path: mutations.functions(trees[path]) for path in reach}
+            test_map, why = build_map(record.probe_task(rev, instance_id="synth-map"), factory, functions,
+                                      set(baseline.statuses))
+            report.seconds["map"] = test_map.seconds if test_map else 0.0
+            listener.step(f"{len(test_map.by_function)} functions reached" if test_map else why)
+            if test_map is None:
+                listener.note(f"every mutant is checked with the whole suite: {why}")
         defined = {f.qualname.rsplit(".", 1)[-1] for tree in trees.values() for f in mutations.functions(tree)}
         defined |= {n.name for tree in trees.values() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
         progress = Progress(output, {"repo": record.repo, "rev": rev, "seed": options.seed,
                                      "kinds": list(options.kinds), "max_failing": options.max_failing_fraction,
-                                     "validate": options.validate, "runs": options.runs})
+                                     "validate": options.validate, "runs": options.runs, "fast": options.fast})
         start = max([_meta(t)["index"] + 1 for t in task_file.tasks] + [progress.read()])
         if start:
             listener.note(f"going on from an earlier run: {len(task_file.tasks)} task(s) written, "
@@ -501,7 +580,7 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
         checked.factory = workers.factory
         search = _Search(record, options, report, scratch, rev, scratch.date(rev), modes, sources, baseline,
                          test_calls(tests, sorted(baseline.statuses), defined), task_file, progress, workers,
-                         checked, listener, check)
+                         checked, listener, check, fast, test_map)
         listener.stage("making tasks", options.n, len(task_file.tasks))
         listener.step(search.status(), 0)
         search.run(start)
@@ -516,6 +595,13 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
             listener.note(f"a worker did not end within {STOP_TIMEOUT:.0f}s; its scratch space {workdir} is left")
         report.seconds["total"] = time.monotonic() - started
     return report
+
+
+def _close(sandbox: Sandbox) -> None:
+    try:
+        sandbox.close()
+    except SandboxError:
+        pass
 
 
 def _remove(workdir: Path, patience: float = 5.0) -> None:
