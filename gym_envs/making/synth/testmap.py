@@ -44,6 +44,11 @@ class TestMap:
         return self.by_function.get((path, function), frozenset())
 
 
+def _name(test_id: str) -> tuple[str, str]:
+    parts = test_id.split("::")
+    return parts[0], parts[-1]
+
+
 def build_map(task: Task, factory: SandboxFactory, functions: dict[str, list[Function]],
               baseline_ids: set[str]) -> tuple[TestMap | None, str]:
     """The map for ``task.base_commit`` (the repository at the revision), else None and why."""
@@ -72,16 +77,23 @@ def build_map(task: Task, factory: SandboxFactory, functions: dict[str, list[Fun
             sandbox.close()
         except SandboxError:
             pass
-    matched = len(baseline_ids & set(traced)) / max(1, len(baseline_ids))
+    # The baseline's ids come from junit, which can drop a test's class (a test directory without
+    # __init__.py); both sides are matched on (file, test name with its parameters), and a name two
+    # classes of a file share reaches both: more tests run, none is missed.
+    by_name: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for test in baseline_ids:
+        by_name[_name(test)].add(test)
+    named = {_name(test) for test in traced}
+    matched = sum(len(ids) for key, ids in by_name.items() if key in named) / max(1, len(baseline_ids))
     if matched < MIN_MATCHED:
         return None, f"the traced run's test ids match only {matched:.0%} of the baseline's"
     lines = {(path, f.lines[0]): (path, f.qualname) for path, found in functions.items() for f in found}
     reached: dict[tuple[str, str], set[str]] = defaultdict(set)
     for test, calls in traced.items():
-        if test in baseline_ids:
-            for path, line in calls:
-                if (key := lines.get((path, line))) is not None:
-                    reached[key].add(test)
+        ids = by_name.get(_name(test), set())
+        for path, line in calls:
+            if ids and (key := lines.get((path, line))) is not None:
+                reached[key] |= ids
     if not reached:
         return None, "no test reaches a source file in the workspace (a package installed as a copy?)"
     return TestMap({k: frozenset(v) for k, v in reached.items()}, time.monotonic() - started), ""
