@@ -68,6 +68,7 @@ from gym_envs.making.registry import RepoRecord
 from gym_envs.making.validation import TaskValidation, validate_task
 from sandboxes import SandboxError
 from tasks.backends import SandboxFactory, make_sandbox
+from tasks.catalog import difficulty
 from tasks.model import Task
 
 PathKind = Literal["test", "docs", "meta", "source"]
@@ -387,12 +388,14 @@ def mine_commit(record: RepoRecord, candidate: Candidate, *, problem_statement: 
     if not f2p:
         return drop(DropReason.NO_FAIL_TO_PASS, f"{len(before.failed)} failing before, {len(after.passed)} passing "
                                                f"and {len(after.failed)} failing after")
-    return Task.model_validate({
+    row = {
         "instance_id": stand_in.instance_id, "base_commit": candidate.parent,
         "problem_statement": problem_statement or candidate.message, "patch": candidate.patch,
         "test_patch": candidate.test_patch, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "version": "",
         "created_at": candidate.created_at, **record.task_fields(),
-    })
+    }
+    measured = {k: v for k, v in difficulty(Task.model_validate(row)).items() if k != "repo"}
+    return Task.model_validate({**row, "difficulty": {**measured, "kind": "mined"}})
 
 
 def _mine_and_validate(record: RepoRecord, candidate: Candidate, statement: str | None, factory: SandboxFactory,

@@ -54,6 +54,7 @@ from gym_envs.making.synth.testmap import TestMap, build_map
 from gym_envs.making.validation import TaskValidation, validate_task
 from sandboxes import Sandbox, SandboxError
 from tasks.backends import SandboxFactory
+from tasks.catalog import difficulty
 from tasks.model import Task
 
 NON_SOURCE_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "bench", "scripts", ".github"}
@@ -661,4 +662,10 @@ def _task(record: RepoRecord, attempt: Attempt, scratch: Scratch, rev: str, date
                   "mutation": attempt.description, "source_commit": rev, "seed": options.seed,
                   "kinds": list(options.kinds), "index": attempt.index},
     }
-    return Task.model_validate(row)
+    return _with_difficulty(row)
+
+
+def _with_difficulty(row: dict) -> Task:
+    """The task with its ``difficulty`` recorded (:func:`tasks.catalog.difficulty`)."""
+    measured = difficulty(Task.model_validate(row))
+    return Task.model_validate({**row, "difficulty": {k: v for k, v in measured.items() if k != "repo"}})
