@@ -13,8 +13,9 @@ fresh output with the same ``--n`` and ``--seed``:
 The rate is per hour of one worker (``--workers 1``, the default: a run keeps about one core busy),
 from wall-clock time: ``getrusage`` cannot see the sandboxes' processes (they are not waited for by
 this process), so CPU time is not taken. Figures per run: wall seconds, mutants tried, tasks
-validated, validated tasks and mutants tried per worker-hour, and the seconds spent on the baseline
-and on the traced run. The medians over rounds go in the summary lines; both modes
+validated, validated tasks and mutants tried per worker-hour, the median seconds of a mutant's first
+check (the warm run of the tests that reach it, or the whole suite in a fresh sandbox), and the
+seconds spent on the baseline and on the traced run. The medians over rounds go in the summary lines; both modes
 write the same task file when the fast checks miss nothing (printed: ``same tasks``).
 
     python bench/synth_checks.py --repo NAME [--repo NAME ...] [--n 3] [--seed 1] [--rounds 1]
@@ -43,9 +44,11 @@ def run_once(repo: str, fast: bool, n: int, seed: int, workers: int, out_dir: Pa
     wall = time.monotonic() - wall
     hours = wall * workers / 3600
     tried = sum(a.verdict != "not run" for a in report.attempts)
+    checks = [a.check_seconds for a in report.attempts if a.check_seconds is not None]
     return {"repo": repo, "mode": "fast" if fast else "whole", "wall_s": round(wall, 1), "tried": tried,
             "validated": len(report.tasks), "per_worker_hour": round(len(report.tasks) / hours, 1),
             "tried_per_worker_hour": round(tried / hours, 1),
+            "check_s": round(statistics.median(checks), 2) if checks else None,
             "baseline_s": round(report.seconds.get("baseline", 0.0), 1),
             "map_s": round(report.seconds.get("map", 0.0), 1), "file": output.read_bytes().decode()}
 
@@ -71,7 +74,8 @@ def main() -> None:
             mine = [r for r in rows if r["repo"] == repo and r["mode"] == mode]
             print(f"{repo} {mode}: median {statistics.median(r['per_worker_hour'] for r in mine):.1f} validated "
                   f"tasks/worker-hour, {statistics.median(r['tried_per_worker_hour'] for r in mine):.1f} mutants "
-                  f"tried/worker-hour, {statistics.median(r['wall_s'] for r in mine):.1f}s wall")
+                  f"tried/worker-hour, {statistics.median(r['wall_s'] for r in mine):.1f}s wall, "
+                  f"{statistics.median(r['check_s'] or 0.0 for r in mine):.2f}s per mutant's first check")
         files = {r["file"] for r in rows if r["repo"] == repo}
         print(f"{repo}: {'same tasks' if len(files) == 1 else 'the modes wrote different task files'}")
     if args.json:

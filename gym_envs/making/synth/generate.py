@@ -98,6 +98,7 @@ class Attempt:
     failing: list[str] = field(default_factory=list)
     passing: list[str] = field(default_factory=list)
     output: str = ""
+    check_seconds: float | None = None  # the first check's test run (warm, or the whole suite), in its worker
 
     @property
     def broke(self) -> bool:
@@ -396,10 +397,10 @@ class _Search:
                 attempt.verdict, item.state = "no test reaches the function (traced run)", "done"
                 return item
             item.selected = tests
-            self.workers.submit(item, lambda: self._warm(path, mutant.source, tests))
+            self.workers.submit(item, lambda: _timed(attempt, self._warm, path, mutant.source, tests))
             return item
         diff = self.scratch.diff(self.rev, commit)
-        self.workers.submit(item, lambda: probe(self.probe_task, [diff], (), self.workers.factory))
+        self.workers.submit(item, lambda: _timed(attempt, probe, self.probe_task, [diff], (), self.workers.factory))
         item.state = "confirming"
         return item
 
@@ -596,6 +597,14 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
             listener.note(f"a worker did not end within {STOP_TIMEOUT:.0f}s; its scratch space {workdir} is left")
         report.seconds["total"] = time.monotonic() - started
     return report
+
+
+def _timed(attempt: Attempt, fn, *args):
+    clock = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        attempt.check_seconds = time.monotonic() - clock
 
 
 def _close(sandbox: Sandbox) -> None:
