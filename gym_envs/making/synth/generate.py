@@ -449,8 +449,12 @@ class _Search:
             return
         attempt = item.attempt
         if item.state == "checking":  # the warm check with the tests that reach the function
+            # Only the selected tests count: whatever else the runner reported (a whole file's other
+            # parameters, the canaries' verdict) is for the whole-suite run to judge.
             reach = TestRun({t: self.baseline.statuses[t] for t in item.selected}, "", "", 0, False)
-            attempt.verdict, attempt.failing, attempt.passing = judge(result, reach)
+            seen = TestRun({t: s for t, s in result.statuses.items() if t in reach.statuses}, "", "", 0,
+                           result.timed_out, result.error, result.applied)
+            attempt.verdict, attempt.failing, attempt.passing = judge(seen, reach)
             item.state = "confirm" if attempt.broke else "done"
             return
         attempt.verdict, attempt.failing, attempt.passing = judge(result, self.baseline,
