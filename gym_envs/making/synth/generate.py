@@ -22,6 +22,11 @@
    written. So the output holds the first ``n`` valid tasks of the order whatever the workers, and a
    rerun of an interrupted run (same seed and kinds; the revision is the earlier run's) goes on
    after the last position saved and ends with the file an uninterrupted run writes.
+
+The module is long (~680 lines) because steps 3-6 are one order: where mutants are ordered, tried,
+judged and written in that order is what makes a rerun end with an uninterrupted run's file, and
+it is read here in one place. The scratch repository (:mod:`.scratch`), the test map
+(:mod:`.testmap`) and the resumable output (:mod:`gym_envs.making.incremental`) are apart.
 """
 
 from __future__ import annotations
