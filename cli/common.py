@@ -172,12 +172,13 @@ class LineProgress:
         task_id = len(self.tasks)
         self.tasks[task_id] = {"description": description, "total": total, "completed": 0.0,
                                "started": time.monotonic(), "printed": -math.inf, **fields}
+        self.tasks[task_id]["base"] = self.tasks[task_id]["completed"]  # done before (a resumed run): not in the rate
         return task_id
 
     def update(self, task_id: int, *, advance: float | None = None, completed: float | None = None,
                total: float | None = None, **fields: Any) -> None:
         task = self.tasks[task_id]
-        before = task["completed"]
+        before, status = task["completed"], task.get("status")
         if total is not None:
             task["total"] = total
         if completed is not None:
@@ -187,7 +188,8 @@ class LineProgress:
         task.update(fields)
         now = time.monotonic()
         finished = task["total"] is not None and task["completed"] >= task["total"]
-        if task["completed"] != before and (finished or now - task["printed"] >= self.interval):
+        moved = task["completed"] != before or task.get("status") != status  # a new status is news too
+        if moved and (finished or now - task["printed"] >= self.interval):
             task["printed"] = now
             console.print(self.line(task, now), markup=False, highlight=False)
 
@@ -195,10 +197,11 @@ class LineProgress:
     def line(task: dict[str, Any], now: float) -> str:
         done, total, elapsed = task["completed"], task["total"], now - task["started"]
         count = f"{done:g}/{total:g}" if total is not None else f"{done:g}"
-        rate = done / elapsed * 60 if elapsed > 0 else 0.0
+        new = done - task.get("base", 0.0)
+        rate = new / elapsed * 60 if elapsed > 0 else 0.0
         words = [task["description"], count, f"{elapsed:.0f}s", f"{rate:.1f}/min"]
-        if total is not None and 0 < done < total:
-            words.append(f"ETA {(total - done) * elapsed / done:.0f}s")
+        if total is not None and 0 < new and done < total:
+            words.append(f"ETA {(total - done) * elapsed / new:.0f}s")
         status = str(task.get("status") or "")
         return "  ".join(words) + (f"  {status}" if status else "")
 

@@ -6,6 +6,7 @@ tests are run; :mod:`cli.app` mounts ``mine`` and ``synth`` in the ``tasks`` gro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -171,7 +172,6 @@ def mine(
     FAIL_TO_PASS/PASS_TO_PASS from running the tests before and after it (rules: gym_envs/making/mining.py)."""
     from gym_envs.making.mining import Dropped, MiningError, load_issue_texts, mine
     from gym_envs.making.registry import UnknownRepoError, get_repo
-    from tasks.model import save_tasks
 
     try:
         record = get_repo(repo)
@@ -180,33 +180,38 @@ def mine(
         fail(str(exc))
     verifier = make_verifier(backend, isolation)
     console.print(f"reading the history of {record.name} ({record.source})", highlight=False)
+    output = output.expanduser().resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
     with progress_bar() as progress:
         bars: dict[str, object] = {}
-        counts: dict[str, list[int]] = {}
+        counts = [0, 0]
 
         def stage(name: str, total: int) -> None:
             bars[name] = progress.add_task(name, total=total, status="")
-            counts[name] = [0, 0]
 
         def item(name: str, outcome) -> None:
-            ok = not isinstance(outcome, Dropped) and getattr(outcome, "ok", True)
-            counts[name][0 if ok else 1] += 1
-            progress.update(bars[name], advance=1, status=f"{counts[name][0]} kept, {counts[name][1]} dropped")
+            counts[0 if not isinstance(outcome, Dropped) else 1] += 1
+            progress.update(bars[name], advance=1, status=f"{counts[0]} kept, {counts[1]} dropped")
 
         try:
             result = mine(record, since=since, max_candidates=max_candidates, issue_texts=texts, workers=workers,
                           factory=verifier.factory, verifier=verifier, validate_runs=runs if validate else 0,
-                          p2p_all=p2p_all, on_stage=stage, on_item=item)
+                          p2p_all=p2p_all, on_stage=stage, on_item=item, output=output,
+                          note=lambda message: console.print(message, markup=False, highlight=False))
         except MiningError as exc:
             fail(str(exc))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_tasks(result.tasks, output)
+    summary_file = output.with_name(f"{output.stem}.summary.json")
+    tmp = summary_file.with_name(f".{summary_file.name}.tmp")
+    tmp.write_text(json.dumps(result.summary(), indent=2) + "\n")
+    tmp.replace(summary_file)
     table = Table(title=f"candidate commits of {record.name}")
     for col in ("commit", "subject", "outcome", "F2P", "P2P", "detail"):
         table.add_column(col, overflow="fold")
     for candidate in result.candidates:
-        outcome = result.outcomes[candidate.sha]
-        if isinstance(outcome, Dropped):
+        outcome = result.outcomes.get(candidate.sha)
+        if outcome is None:
+            table.add_row(candidate.short_sha, candidate.subject[:60], "not finished", "-", "-", "")
+        elif isinstance(outcome, Dropped):
             table.add_row(candidate.short_sha, candidate.subject[:60], f"[red]{outcome.reason.value}[/]", "-", "-",
                           outcome.detail[:200].replace("[", "\\["))
         else:
@@ -222,8 +227,14 @@ def mine(
     summary.add_row("kept", str(len(result.tasks)))
     for reason, n in result.drop_counts().items():
         summary.add_row(f"dropped: {reason.value}", str(n))
+    if result.interrupted:
+        summary.add_row("not finished (interrupted)", str(len(result.candidates) - len(result.outcomes)))
     out.print(summary)
-    out.print(f"wrote {len(result.tasks)} task(s) to {output}" + ("" if validate else " (not validated)"))
+    out.print(f"{output} holds {len(result.tasks)} task(s)" + ("" if validate else " (not validated)")
+              + f"; counts and reasons in {summary_file.name}", highlight=False)
+    if result.interrupted:
+        out.print("interrupted: rerun the same command to go on where this run stopped", highlight=False)
+        raise typer.Exit(130)
 
 
 def synth(
@@ -240,6 +251,9 @@ def synth(
     validate: Annotated[bool, typer.Option(
         "--validate/--no-validate", help="Validate the tasks; only valid ones are written.")] = True,
     runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task when validating.")] = 2,
+    whole_suite: Annotated[bool, typer.Option(
+        "--whole-suite", help="Check every mutant with the whole suite in a fresh sandbox, not with the tests a "
+                              "traced run says reach its function in a warm one (slower; for comparison).")] = False,
     max_failing: Annotated[float, typer.Option(
         "--max-failing", min=0.0, max=1.0, help="Drop bugs breaking more than this fraction of the passing tests.")
     ] = 1.0,
@@ -268,7 +282,7 @@ def synth(
     except UnknownRepoError as exc:
         fail(str(exc))
     options = SynthOptions(n=n, seed=seed, kinds=tuple(wanted), rev=rev, workers=workers, validate=validate,
-                           runs=runs, max_failing_fraction=max_failing, rewrite_url=rewrite_url,
+                           runs=runs, max_failing_fraction=max_failing, fast=not whole_suite, rewrite_url=rewrite_url,
                            rewrite_model=rewrite_model, rewrite_api_key=rewrite_api_key)
     verifier = make_verifier(backend, isolation)
     with progress_bar() as progress:
@@ -276,11 +290,14 @@ def synth(
         class Bars(Listener):
             bar = None
 
-            def stage(self, name: str, total: int | None) -> None:
-                self.bar = progress.add_task(name, total=total, status="")
+            def stage(self, name: str, total: int | None, completed: int = 0) -> None:
+                self.bar = progress.add_task(name, total=total, status="", completed=completed)
 
             def step(self, status: str, advance: int = 1) -> None:
                 progress.update(self.bar, advance=advance, status=status)
+
+            def note(self, message: str) -> None:
+                console.print(message, markup=False, highlight=False)
 
         try:
             report = synthesize(record, output, options, verifier=verifier, factory=verifier.factory, listener=Bars())
@@ -314,11 +331,16 @@ def synth(
         out.print("mutants dropped: " + "; ".join(f"{reason} {n}" for reason, n in dropped.most_common()),
                   highlight=False)
     written, seconds = len(report.tasks), report.seconds
-    if validate and written:
-        out.print(f"validated {written}/{len(report.candidates)}; per validated task: "
-                  f"{seconds.get('validation', 0.0) / written:.1f}s validating, "
-                  f"{seconds['total'] / written:.1f}s in all ({seconds['total']:.1f}s total)")
-    out.print(f"wrote {written} task(s) to {report.output}" + (f" (commits: {report.bundle})" if report.bundle else "")
-              + ("" if validate else " (not validated)"))
+    new = written - report.resumed
+    if validate and new > 0:
+        out.print(f"validated {new}/{len(report.candidates)} candidate(s) in this run; "
+                  f"{seconds['total'] / new:.1f}s per validated task ({seconds['total']:.1f}s total)")
+    out.print(f"{report.output} holds {written} task(s)" + (f" ({report.resumed} from an earlier run)"
+                                                             if report.resumed else "")
+              + (f"; commits: {report.bundle}" if report.bundle else "") + ("" if validate else " (not validated)"),
+              highlight=False)
+    if report.interrupted:
+        out.print("interrupted: rerun the same command to go on where this run stopped", highlight=False)
+        raise typer.Exit(130)
     if not written:
         raise typer.Exit(1)

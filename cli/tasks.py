@@ -36,15 +36,36 @@ if TYPE_CHECKING:
     from tasks.catalog import TaskSet
 
 
-def list_tasks(tasks: TasksOpt = None) -> None:
-    """List the tasks of a task set."""
-    task_set = load_tasks(tasks)
+WhereOpt = Annotated[list[str] | None, typer.Option(
+    "--where", help="Keep tasks where FIELD OP VALUE holds (repeat: all must): kind, repo (= or !=, "
+    "comma-separated choices), changed_lines, changed_files, broken_tests, passing_tests (= != < <= > >=); "
+    "e.g. --where kind=operator,comparison --where 'broken_tests<=3'.")]
+SampleOpt = Annotated[int | None, typer.Option("--sample", min=1, help="Then draw this many of them (--seed).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample: the same seed draws the same tasks.")]
+
+
+def _filtered(task_set: TaskSet, where: list[str] | None, sample: int | None, seed: int) -> TaskSet:
+    from tasks.catalog import filter_tasks
+
+    try:
+        return filter_tasks(task_set, where or (), sample, seed)
+    except ValueError as exc:
+        fail(str(exc), code=2)
+
+
+def list_tasks(tasks: TasksOpt = None, where: WhereOpt = None, sample: SampleOpt = None, seed: SeedOpt = 0) -> None:
+    """List the tasks of a task set, with what a curriculum filters on (--where, --sample)."""
+    from tasks.catalog import difficulty
+
+    task_set = _filtered(load_tasks(tasks), where, sample, seed)
     table = Table(title=f"{len(task_set)} tasks ({task_set.origin})")
-    for col in ("instance_id", "repo", "version", "FAIL_TO_PASS", "PASS_TO_PASS", "title"):
+    for col in ("instance_id", "repo", "kind", "lines", "FAIL_TO_PASS", "PASS_TO_PASS", "title"):
         table.add_column(col, overflow="fold")
     for t in task_set:
         title = t.problem_statement.strip().splitlines()[0] if t.problem_statement.strip() else ""
-        table.add_row(t.instance_id, t.repo, t.version, str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), title[:70])
+        d = difficulty(t)
+        table.add_row(t.instance_id, t.repo, str(d["kind"]), str(d["changed_lines"]), str(len(t.FAIL_TO_PASS)),
+                      str(len(t.PASS_TO_PASS)), title[:70])
     out.print(table)
 
 
@@ -200,6 +221,9 @@ def export(
     tests_encoding: Annotated[str, typer.Option(
         "--tests-encoding", help="FAIL_TO_PASS/PASS_TO_PASS as json strings (as published), list, or source "
         "(as in the task file).")] = "json",
+    where: WhereOpt = None,
+    sample: SampleOpt = None,
+    seed: SeedOpt = 0,
 ) -> None:
     """Write tasks as SWE-bench rows (an imported file exported with --swebench-only gives back the
     rows it was imported from)."""
@@ -211,7 +235,7 @@ def export(
         fmt = row_format(output, fmt)
     except ValueError as exc:
         fail(str(exc))
-    task_set = load_tasks(tasks, instance_ids)
+    task_set = _filtered(load_tasks(tasks, instance_ids), where, sample, seed)
     rows = export_rows(task_set, swebench_only=swebench_only, tests_encoding=tests_encoding,
                        output_dir=output.resolve().parent)
     write_rows(rows, output, fmt)

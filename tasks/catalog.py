@@ -125,3 +125,80 @@ def hidden_paths(task: Task) -> tuple[str, ...]:
 def hidden_paths_of_catalog() -> tuple[str, ...]:
     """The bundled catalog's paths on this host (hidden tests and gold patches of every bundled task)."""
     return (str(bundled.CATALOG_DIR),)
+
+
+# -- difficulty as data: what a curriculum filters and samples on -------------------------------------------
+
+NUMERIC_FIELDS = ("changed_lines", "changed_files", "broken_tests", "passing_tests")
+WHERE_OPERATORS = ("<=", ">=", "!=", "=", "<", ">")
+
+
+def _changed(patch: str) -> tuple[int, int]:
+    """(lines added or removed, files) of a unified diff."""
+    lines = files = 0
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            files += 1
+        elif line[:1] in "+-" and not line.startswith(("+++", "---")):
+            lines += 1
+    return lines, files
+
+
+def difficulty(task: Task) -> dict[str, object]:
+    """What a trainer can sort a curriculum by: the task's ``kind`` (a mutation kind for a
+    synthesized bug, ``mined`` for a fix commit, ``swebench`` otherwise), the size of the gold
+    patch, how many tests the bug breaks and how many must keep passing, and the repository.
+    Recorded on the task by ``tasks synth``/``mine`` (the ``difficulty`` field); computed from the
+    task itself for any other."""
+    extra = task.model_extra or {}
+    recorded = extra.get("difficulty")
+    if isinstance(recorded, dict) and all(k in recorded for k in ("kind", *NUMERIC_FIELDS)):
+        return {**recorded, "repo": task.repo}
+    synth = extra.get("synth")
+    kind = synth.get("kind") if isinstance(synth, dict) else ("mined" if extra.get("mined") else "swebench")
+    lines, files = _changed(task.patch or "")
+    return {"kind": kind, "changed_lines": lines, "changed_files": files, "broken_tests": len(task.FAIL_TO_PASS),
+            "passing_tests": len(task.PASS_TO_PASS), "repo": task.repo}
+
+
+def parse_where(condition: str) -> tuple[str, str, str]:
+    """``field OP value`` (OP one of ``= != < <= > >=``; numbers for the numeric fields)."""
+    for op in WHERE_OPERATORS:
+        name, found, value = condition.partition(op)
+        if found and name.strip():
+            name, value = name.strip(), value.strip()
+            known = ("kind", "repo", *NUMERIC_FIELDS)
+            if name not in known:
+                raise ValueError(f"--where {condition!r}: unknown field {name!r}; known: {', '.join(known)}")
+            if name in NUMERIC_FIELDS:
+                try:
+                    float(value)
+                except ValueError:
+                    raise ValueError(f"--where {condition!r}: {name} takes a number") from None
+            elif op not in ("=", "!="):
+                raise ValueError(f"--where {condition!r}: {name} takes = or !=")
+            return name, op, value
+    raise ValueError(f"--where {condition!r}: expected FIELD=VALUE, FIELD<=N, ... (operators: "
+                     f"{' '.join(WHERE_OPERATORS)})")
+
+
+def _holds(value: object, op: str, wanted: str) -> bool:
+    if isinstance(value, (int, float)):
+        a, b = float(value), float(wanted)
+        return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+    options = set(wanted.split(","))  # kind=operator,comparison
+    return (str(value) in options) == (op == "=")
+
+
+def filter_tasks(task_set: TaskSet, where: Iterable[str] = (), sample: int | None = None,
+                 seed: int = 0) -> TaskSet:
+    """The tasks meeting every ``where`` condition (:func:`parse_where`), then ``sample`` of them
+    drawn with ``seed`` (in the set's order; the same seed draws the same tasks)."""
+    import random
+
+    conditions = [parse_where(c) for c in where]
+    kept = [t for t in task_set if all(_holds(difficulty(t)[name], op, value) for name, op, value in conditions)]
+    if sample is not None and sample < len(kept):
+        chosen = set(random.Random(seed).sample(range(len(kept)), sample))
+        kept = [t for i, t in enumerate(kept) if i in chosen]
+    return TaskSet(kept, task_set.origin)

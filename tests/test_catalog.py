@@ -57,3 +57,44 @@ def test_every_bundled_task_validates(catalog):
     problems = {r.instance_id: r.problems for r in results if not r.ok}
     assert not problems
     assert all(r.gold_resolved == [True, True] and r.empty_resolved is False for r in results)
+
+
+def test_difficulty_filters_and_samples_for_a_curriculum(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+    from tasks.catalog import difficulty, filter_tasks, load_task_set
+    from tasks.model import save_tasks
+
+    bundled = list(load_task_set())
+    synth = bundled[0].model_copy(update={"instance_id": "x.synth-1"})
+    synth = type(synth).model_validate({**synth.to_row(), "synth": {"kind": "operator"},
+                                        "difficulty": {"kind": "operator", "changed_lines": 2, "changed_files": 1,
+                                                       "broken_tests": 1, "passing_tests": 9}})
+    task_set = load_task_set().__class__([*bundled, synth], "test")
+    assert difficulty(synth) == {"kind": "operator", "changed_lines": 2, "changed_files": 1, "broken_tests": 1,
+                                 "passing_tests": 9, "repo": synth.repo}
+    measured = difficulty(bundled[0])  # not recorded: measured from the task itself
+    assert measured["kind"] == "swebench" and measured["broken_tests"] == len(bundled[0].FAIL_TO_PASS)
+    assert measured["changed_lines"] > 0 and measured["changed_files"] >= 1
+    assert filter_tasks(task_set, ["kind=operator"]).ids == ["x.synth-1"]
+    assert "x.synth-1" not in filter_tasks(task_set, ["kind!=operator,comparison"])
+    few = filter_tasks(task_set, [f"broken_tests<={measured['broken_tests']}", f"repo={bundled[0].repo}"])
+    assert bundled[0].instance_id in few and all(t.repo == bundled[0].repo for t in few)
+    drawn = filter_tasks(task_set, sample=3, seed=7).ids
+    assert len(drawn) == 3 and drawn == filter_tasks(task_set, sample=3, seed=7).ids
+    assert drawn != filter_tasks(task_set, sample=3, seed=8).ids or len(task_set) <= 3
+    for bad in ("nope=1", "broken_tests<=many", "kind<3", "kind"):
+        with pytest.raises(ValueError):
+            filter_tasks(task_set, [bad])
+
+    path = tmp_path / "t.jsonl"
+    save_tasks(task_set, path)
+    listed = CliRunner().invoke(app, ["tasks", "list", "--tasks", str(path), "--where", "kind=operator"])
+    assert listed.exit_code == 0 and "1 tasks" in listed.output and "x.synth-1" in listed.output
+    out = tmp_path / "drawn.jsonl"
+    exported = CliRunner().invoke(app, ["tasks", "export", "--tasks", str(path), "--output", str(out),
+                                        "--sample", "2", "--seed", "1", "--where", "kind=swebench"])
+    assert exported.exit_code == 0 and "wrote 2 SWE-bench rows" in exported.output
+    bad = CliRunner().invoke(app, ["tasks", "list", "--tasks", str(path), "--where", "size=3"])
+    assert bad.exit_code == 2 and "unknown field" in bad.output

@@ -164,7 +164,7 @@ def test_mine_keeps_exactly_the_fix_and_the_task_resolves(minelib, tmp_path):
     record = record_for(repo)
     stages: list[tuple[str, int]] = []
     result = mine(record, workers=2, on_stage=lambda name, total: stages.append((name, total)))
-    assert stages == [("mining", 2), ("validating", 1)]
+    assert stages == [("mining", 2)]
     assert result.scanned == 5 and len(result.candidates) == 2
     [task] = result.tasks
     assert task.instance_id == f"fixture__minelib-{fix[:7]}" and task.base_commit == root
@@ -210,6 +210,19 @@ def test_cli_mine_then_eval_gold(minelib, tmp_path):
         assert text in result.output
     [task] = load_tasks(out)
     assert task.problem_statement == "div(1, 0) should raise ValueError"
+    summary = json.loads((out.parent / "mined.summary.json").read_text())
+    assert summary["candidates"] == 2 and summary["validated"] == 1 and not summary["interrupted"]
+    assert summary["dropped"] == {"root commit": 1, "no source change": 1, "no test change": 1,
+                                  "no FAIL_TO_PASS test": 1}
+
+    # A torn line from a crash is cut off; the same command again has nothing left to run.
+    written = out.read_bytes()
+    out.write_bytes(written + written[:40])
+    again = runner.invoke(app, ["tasks", "mine", "--repo", "minelib-cli", "--output", str(out), "--workers", "2",
+                                "--issue-text", str(issues)], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert "torn last line" in again.output and "2 of 2 candidates done" in again.output
+    assert out.read_bytes() == written
 
     evaluated = runner.invoke(app, ["eval", "--predictions", "gold", "--tasks", str(out), "--output",
                                     str(tmp_path / "gold")], catch_exceptions=False)

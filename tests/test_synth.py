@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from gym_envs import load_tasks
 from gym_envs.grading.outcome import TestStatus
+from gym_envs.grading.pyast import parse as parse_python
 from gym_envs.grading.testrun import TestRun
 from gym_envs.grading.verifier import Verifier
 from gym_envs.making.registry import RepoRecord
@@ -358,3 +359,135 @@ def test_synth_command_on_a_bundled_library(tmp_path):
     bad = CliRunner().invoke(app, ["tasks", "synth", "--repo", "dotenvkit", "--n", "1", "--kinds", "nope",
                                    "--output", str(output)])
     assert bad.exit_code == 2 and "unknown mutation kind" in bad.output
+
+
+# -- incremental, resumable, interruptible -----------------------------------------------------------------
+
+
+def test_a_torn_last_line_is_cut_off_with_a_message(tmp_path):
+    from gym_envs.making.incremental import TaskFile
+    from tasks.model import load_tasks as load_file
+
+    whole = tmp_path / "whole.jsonl"
+    rows = Path(__file__).parent.parent / "tasks" / "instances"
+    task = next(t for f in sorted(rows.glob("*.jsonl")) for t in load_file(f))
+    TaskFile(whole).append(task)
+    line = whole.read_bytes()
+    for torn in (line + line[: len(line) // 2], line + b'{"instance_id": "x"\n'):
+        path = tmp_path / "torn.jsonl"
+        path.write_bytes(torn)
+        notes: list[str] = []
+        kept = TaskFile(path, notes.append)
+        assert [t.instance_id for t in kept.tasks] == [task.instance_id] and path.read_bytes() == line
+        assert len(notes) == 1 and "torn last line" in notes[0]
+        kept.append(task)
+        assert path.read_bytes() == line + line
+    quiet: list[str] = []
+    assert len(TaskFile(whole, quiet.append).tasks) == 1 and not quiet
+
+
+def test_stopping_the_workers_closes_their_sandboxes_and_joins_them():
+    import threading
+    import time
+
+    from gym_envs.making.incremental import Workers
+
+    class Box:
+        def __init__(self) -> None:
+            self.closed = threading.Event()
+
+        def close(self) -> None:
+            self.closed.set()
+
+    def busy(box_of):
+        box = box_of(None)
+        box.closed.wait(60)  # a test command that only ends when its sandbox is closed
+        return "ended"
+
+    workers = Workers(2, lambda task: Box())
+    workers.submit(1, lambda: busy(workers.factory))
+    workers.submit(2, lambda: busy(workers.factory))
+    started = time.monotonic()
+    while len(workers._open) < 2 and time.monotonic() - started < 10:
+        time.sleep(0.01)
+    assert workers.stop(timeout=10) and time.monotonic() - started < 10
+    with pytest.raises(Exception, match="stopped"):
+        workers.factory(None)  # nothing new starts once stopped
+
+    stuck = Workers(1, lambda task: Box())
+    release, running = threading.Event(), threading.Event()
+    stuck.submit(1, lambda: (running.set(), release.wait(60)))  # a job no sandbox close can end
+    assert running.wait(10)
+    assert not stuck.stop(timeout=0.3)  # bounded: says so instead of waiting
+    release.set()
+
+
+@pytest.mark.slow
+def test_an_interrupted_synth_run_goes_on_to_the_same_task_file(tmp_path):
+    """SIGINT halfway through, then the same command again: the task file and the bundle's refs
+    are those of an uninterrupted run with the same seed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from gym_envs.making.registry import get_repo
+
+    args = ["--repo", "dotenvkit", "--n", "2", "--seed", "5", "--kinds", "comparison,off_by_one", "--workers", "1"]
+    whole = tmp_path / "whole" / "synth.jsonl"
+    report = synthesize(get_repo("dotenvkit"), whole, SynthOptions(n=2, seed=5, kinds=("comparison", "off_by_one")))
+    assert len(report.tasks) == 2 and not report.interrupted
+
+    cut = tmp_path / "cut" / "synth.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "tasks", "synth", *args, "--output", str(cut)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        while proc.poll() is None and not (cut.exists() and cut.read_bytes().count(b"\n") >= 1):
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        log, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    if proc.returncode == 130:  # stopped before the second task: the first is kept, whole
+        assert time.monotonic() - signalled < 30, log
+        assert "interrupted: rerun the same command" in log
+        assert len(load_tasks(cut)) == 1
+    else:
+        assert proc.returncode == 0, log  # it had finished just before the signal
+
+    again = CliRunner().invoke(__import__("cli").app, ["tasks", "synth", *args, "--output", str(cut)])
+    assert again.exit_code == 0, again.output
+    assert cut.read_bytes() == whole.read_bytes()
+    heads = git(tmp_path, "bundle", "list-heads", str(cut.with_suffix(".bundle")))
+    assert heads == git(tmp_path, "bundle", "list-heads", str(whole.with_suffix(".bundle")))
+    assert not list(cut.parent.glob(".*.candidates.bundle"))
+    done = CliRunner().invoke(__import__("cli").app, ["tasks", "synth", *args, "--output", str(cut)])
+    assert done.exit_code == 0 and "nothing to do" in done.output and cut.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.slow
+def test_the_traced_run_maps_each_test_to_the_functions_it_calls(mini_repo):
+    from gym_envs.grading.testrun import probe
+    from gym_envs.making.synth.mutations import functions
+    from gym_envs.making.synth.testmap import build_map
+    from tasks.backends import make_sandbox
+
+    head = git(Path(mini_repo.source), "rev-parse", "HEAD").strip()
+    task = mini_repo.probe_task(head)
+    baseline = probe(task)
+    source = (Path(mini_repo.source) / "mini/core.py").read_text()
+    decorated = source.replace("def mean(", "@staticmethod\ndef mean(")  # first line: the decorator's
+    test_map, why = build_map(task, make_sandbox, {"mini/core.py": functions(parse_python(source))},
+                              set(baseline.statuses))
+    assert test_map is not None, why
+    assert test_map.tests("mini/core.py", "clamp") == {"tests/test_core.py::test_clamp",
+                                                       "tests/test_core.py::test_clamp_bad_interval"}
+    assert test_map.tests("mini/core.py", "mean") == {"tests/test_core.py::test_mean"}
+    assert test_map.tests("mini/core.py", "span") == {"tests/test_span.py::test_span",
+                                                      "tests/test_span.py::test_span_pad"}
+    assert functions(parse_python(decorated))[1].lines[0] == source[: source.index("def mean(")].count("\n") + 1
+    no_ids, why = build_map(task, make_sandbox, {"mini/core.py": functions(parse_python(source))}, {"t.py::x"})
+    assert no_ids is None and "match" in why

@@ -36,14 +36,18 @@ The rules (``patchgym tasks mine`` follows them; each is decided here, once):
 * **Ids.** ``<owner>__<name>-<short sha>`` (git's unique abbreviation); ``created_at`` is the
   committer date (ISO 8601); ``version`` is empty; the repository's ``task_fields()`` (repo,
   environment, test command, ``repo_path``) are copied in.
-* **Validation.** Every mined task is then validated (:mod:`.validation`: the gold patch resolves
-  on each of ``runs`` runs and they agree, the empty patch does not); a task that fails is dropped.
+* **Validation.** Every mined task is validated as soon as it is mined (:mod:`.validation`: the
+  gold patch resolves on each of ``runs`` runs and they agree, the empty patch does not); a task
+  that fails is dropped. Outcomes are taken in history order and each kept task is appended to
+  the output then, so an interrupted run keeps them and a rerun goes on.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
 import fnmatch
+import hashlib
 import json
 import os
 import subprocess
@@ -56,15 +60,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from gym_envs.grading.parallel import run_parallel
 from gym_envs.grading.patches import TEST_FILE_PATTERNS, FilePatch, is_test_or_config, split_diff
 from gym_envs.grading.testrun import probe
 from gym_envs.grading.verifier import Verifier
+from gym_envs.making.incremental import Progress, TaskFile, Workers
 from gym_envs.making.registry import RepoRecord
-from gym_envs.making.validation import TaskValidation, validate_tasks
+from gym_envs.making.validation import TaskValidation, validate_task
 from sandboxes import SandboxError
-from tasks.backends import SandboxFactory
-from tasks.catalog import TaskSet
+from tasks.backends import SandboxFactory, make_sandbox
+from tasks.catalog import difficulty
 from tasks.model import Task
 
 PathKind = Literal["test", "docs", "meta", "source"]
@@ -148,6 +152,18 @@ class MiningResult:
     outcomes: dict[str, Task | Dropped] = field(default_factory=dict)
     validations: list[TaskValidation] = field(default_factory=list)
     seconds: float = 0.0
+    interrupted: bool = False  # stopped by Ctrl-C: rerunning the same command goes on
+
+    def summary(self) -> dict[str, object]:
+        """The counts (and why commits were dropped), as written beside the output."""
+        reasons = self.drop_counts()
+        validated = sum(isinstance(o, Task) for o in self.outcomes.values())
+        return {"repo": self.repo, "tip": self.tip, "scanned": self.scanned, "candidates": len(self.candidates),
+                "finished": len(self.outcomes), "validated": validated, "interrupted": self.interrupted,
+                "dropped": {r.value: n for r, n in reasons.items()},
+                "dropped_commits": [{"commit": d.sha, "subject": d.subject, "reason": d.reason.value,
+                                     "detail": d.detail} for d in self.dropped],
+                "seconds": self.seconds}
 
     def drop_counts(self) -> dict[DropReason, int]:
         counts = Counter(d.reason for d in self.dropped)
@@ -372,60 +388,126 @@ def mine_commit(record: RepoRecord, candidate: Candidate, *, problem_statement: 
     if not f2p:
         return drop(DropReason.NO_FAIL_TO_PASS, f"{len(before.failed)} failing before, {len(after.passed)} passing "
                                                f"and {len(after.failed)} failing after")
-    return Task.model_validate({
+    row = {
         "instance_id": stand_in.instance_id, "base_commit": candidate.parent,
         "problem_statement": problem_statement or candidate.message, "patch": candidate.patch,
         "test_patch": candidate.test_patch, "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "version": "",
         "created_at": candidate.created_at, **record.task_fields(),
-    })
+    }
+    measured = {k: v for k, v in difficulty(Task.model_validate(row)).items() if k != "repo"}
+    return Task.model_validate({**row, "difficulty": {**measured, "kind": "mined"}})
+
+
+def _mine_and_validate(record: RepoRecord, candidate: Candidate, statement: str | None, factory: SandboxFactory,
+                       verifier: Verifier | None, runs: int,
+                       p2p_all: bool) -> tuple[Task | Dropped, TaskValidation | None]:
+    """One candidate from the first test run to its validation (a worker's job)."""
+    outcome = mine_commit(record, candidate, problem_statement=statement, factory=factory, p2p_all=p2p_all)
+    if not isinstance(outcome, Task) or verifier is None:
+        return outcome, None
+    check = validate_task(outcome, verifier, runs)
+    if check.ok:
+        return outcome, check
+    infra = all(p.startswith("infrastructure failure") for p in check.problems)
+    return Dropped(candidate.sha, candidate.short_sha, candidate.subject,
+                   DropReason.ENVIRONMENT if infra else DropReason.INVALID, "; ".join(check.problems)), check
 
 
 def mine(record: RepoRecord, *, since: str | None = None, max_candidates: int | None = None,
          issue_texts: IssueTexts | None = None, workers: int = 1, factory: SandboxFactory | None = None,
          verifier: Verifier | None = None, validate_runs: int = 2, p2p_all: bool = False,
          on_stage: Callable[[str, int], None] | None = None,
-         on_item: Callable[[str, Task | Dropped | TaskValidation], None] | None = None) -> MiningResult:
+         on_item: Callable[[str, Task | Dropped], None] | None = None,
+         output: Path | None = None, note: Callable[[str], None] = lambda message: None) -> MiningResult:
     """Mine ``record``'s history into tasks (see the module docstring for the rules).
 
-    ``on_stage(name, total)`` is called when the "mining" and "validating" stages start and
-    ``on_item(name, outcome)`` as each item finishes (in this thread). ``validate_runs=0`` skips
-    validation.
+    Each candidate is mined and validated (``validate_runs`` gold runs; 0 skips validation) by one
+    of ``workers`` threads; outcomes are taken in history order, and with ``output`` each kept task
+    is appended to it then (:class:`~.incremental.TaskFile`). A run on an ``output`` written by an
+    earlier run with the same arguments goes on after the last candidate it finished (an
+    ``output`` from other arguments is replaced). Ctrl-C stops the workers, keeps what is written
+    and returns with ``interrupted`` set. ``on_stage("mining", total)`` is called once,
+    ``on_item("mining", outcome)`` as each candidate's outcome is taken (in this thread).
     """
     start = time.monotonic()
     with cloned_history(record.source) as git_dir:
         tip = resolve_tip(git_dir)
         scan = candidate_commits(git_dir, tip, since=since, max_candidates=max_candidates)
         statements = resolve_issue_texts(git_dir, issue_texts, scan.candidates)
+    result = MiningResult(repo=record.name, tip=tip, scanned=scan.scanned, candidates=scan.candidates, tasks=[],
+                          dropped=list(scan.dropped))
     outcomes: dict[str, Task | Dropped] = {}
-
-    def mined(item: tuple[Candidate, Task | Dropped]) -> None:
-        outcomes[item[0].sha] = item[1]
-        if on_item:
-            on_item("mining", item[1])
-
+    task_file = progress = None
+    first = 0
+    if output is not None:
+        key = {"repo": record.repo, "since": since, "max": max_candidates, "p2p_all": p2p_all,
+               "validate_runs": validate_runs, "statements": hashlib.sha256(
+                   json.dumps(statements, sort_keys=True).encode()).hexdigest()}
+        progress = Progress(output, key)
+        if output.exists() and output.stat().st_size and not progress.matches():
+            note(f"{output.name} was written by a run with other arguments: starting afresh")
+            output.unlink()
+        task_file = TaskFile(output, note)
+        task_file.create()
+        first = progress.read()
+        earlier = {t.instance_id: t for t in task_file.tasks}
+        drops = progress.notes()
+        for c in scan.candidates:
+            if instance_id(record, c) in earlier:
+                outcomes[c.sha] = earlier[instance_id(record, c)]
+            elif c.sha in drops:
+                reason, detail = drops[c.sha]
+                outcomes[c.sha] = Dropped(c.sha, c.short_sha, c.subject, DropReason(reason), detail)
+        if outcomes:
+            note(f"going on from an earlier run: {len(outcomes)} of {len(scan.candidates)} candidates done")
+        progress.write(first, drops)
     if on_stage:
         on_stage("mining", len(scan.candidates))
-    run_parallel(lambda c: (c, mine_commit(record, c, problem_statement=statements.get(c.sha), factory=factory,
-                                           p2p_all=p2p_all)), scan.candidates, workers, mined)
-    outcomes = {c.sha: outcomes[c.sha] for c in scan.candidates}
-    tasks = {sha: o for sha, o in outcomes.items() if isinstance(o, Task)}
-    validations: list[TaskValidation] = []
-    if validate_runs > 0 and tasks:
-        if on_stage:
-            on_stage("validating", len(tasks))
-        task_set = TaskSet(tasks.values(), origin=f"mined from {record.name}")
-        validations = validate_tasks(task_set, verifier or Verifier(factory), runs=validate_runs, workers=workers,
-                                     on_done=(lambda r: on_item("validating", r)) if on_item else None)
-        by_id = {v.instance_id: v for v in validations}
-        for sha, task in tasks.items():
-            problems = by_id[task.instance_id].problems
-            if problems:
-                infra = all(p.startswith("infrastructure failure") for p in problems)
-                candidate = next(c for c in scan.candidates if c.sha == sha)
-                outcomes[sha] = Dropped(sha, candidate.short_sha, candidate.subject,
-                                        DropReason.ENVIRONMENT if infra else DropReason.INVALID, "; ".join(problems))
-    kept = [o for o in outcomes.values() if isinstance(o, Task)]
-    dropped = scan.dropped + [o for o in outcomes.values() if isinstance(o, Dropped)]
-    return MiningResult(repo=record.name, tip=tip, scanned=scan.scanned, candidates=scan.candidates, tasks=kept,
-                        dropped=dropped, outcomes=outcomes, validations=validations,
-                        seconds=round(time.monotonic() - start, 1))
+    todo = [(i, c) for i, c in enumerate(scan.candidates) if c.sha not in outcomes and i >= first]
+    for i, c in enumerate(scan.candidates):
+        if i < first and c.sha not in outcomes:  # finished by an earlier run whose notes were lost
+            outcomes[c.sha] = Dropped(c.sha, c.short_sha, c.subject, DropReason.INVALID, "dropped by an earlier run")
+    for c in scan.candidates:
+        if c.sha in outcomes and on_item:
+            on_item("mining", outcomes[c.sha])
+    pool = Workers(workers, factory or (verifier.factory if verifier else make_sandbox))
+    checker = None
+    if validate_runs > 0:
+        checker = copy.copy(verifier or Verifier(factory))
+        checker.factory = pool.factory
+    results: dict[int, tuple[Task | Dropped, TaskValidation | None]] = {}
+    try:
+        waiting = list(todo)
+        line = [i for i, _ in todo]
+        while line:
+            while waiting and pool.in_flight < max(1, workers):
+                index, candidate = waiting.pop(0)
+                pool.submit(index, lambda c=candidate: _mine_and_validate(
+                    record, c, statements.get(c.sha), pool.factory, checker, validate_runs, p2p_all))
+            for index, outcome, error in pool.results():
+                if error is not None:
+                    raise error
+                results[index] = outcome
+            while line and line[0] in results:
+                index = line.pop(0)
+                candidate = scan.candidates[index]
+                outcome, check = results.pop(index)
+                outcomes[candidate.sha] = outcome
+                if check is not None:
+                    result.validations.append(check)
+                if task_file is not None and progress is not None:
+                    if isinstance(outcome, Task):
+                        task_file.append(outcome)
+                    progress.write(index + 1, {sha: [o.reason.value, o.detail] for sha, o in outcomes.items()
+                                               if isinstance(o, Dropped)})
+                if on_item:
+                    on_item("mining", outcome)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        pool.stop()
+    result.outcomes = {c.sha: outcomes[c.sha] for c in scan.candidates if c.sha in outcomes}
+    result.tasks = [o for o in result.outcomes.values() if isinstance(o, Task)]
+    result.dropped += [o for o in result.outcomes.values() if isinstance(o, Dropped)]
+    result.seconds = round(time.monotonic() - start, 1)
+    return result

@@ -6,57 +6,68 @@
 3. Every mutation site there (:mod:`.mutations`) is put in an order fixed by the seed: each
    kind's sites shuffled, one site per function before a second one, kinds taking turns.
 4. Mutants are made in that order and the whole suite runs with each applied (``workers`` at a
-   time) until ``n`` of them break a test that passed, without changing which tests are collected
-   (an import or collection error changes it). The first ``n`` in the order are kept, so a seed
-   always gives the same tasks.
+   time), without changing which tests are collected (an import or collection error changes it).
+   A mutant that breaks a test that passed becomes a candidate task and is validated at once
+   (gold resolves on each of ``runs`` runs, no change does not), its commit taken from a
+   candidates bundle beside the output.
 5. Each kept mutant becomes a commit whose tree has the bug and which has *no parent*: a parent
    with the correct tree would hand the fix to anyone running ``git show`` in the sandbox. The
    commits live in a git bundle beside the output (``<stem>.bundle``, one ref per task under
    ``refs/heads/synth/``), which each task's ``repo_path`` names. The gold patch is the diff from the
    bug back to ``rev``; there is no test patch (the hidden tests are the existing ones);
    FAIL_TO_PASS are the tests the bug breaks, PASS_TO_PASS every other test passing in both runs.
-6. Every task is validated (gold resolves on each of ``runs`` runs, no change does not); the valid
-   ones are written.
+6. Outcomes are taken *in the order of step 3*, whichever worker finishes first: a valid task is
+   added to the bundle, then appended to the output (:class:`~gym_envs.making.incremental.TaskFile`),
+   then the position is saved (:class:`~gym_envs.making.incremental.Progress`), until ``n`` are
+   written. So the output holds the first ``n`` valid tasks of the order whatever the workers, and a
+   rerun of an interrupted run (same seed and kinds; the revision is the earlier run's) goes on
+   after the last position saved and ends with the file an uninterrupted run writes.
+
+The module is long (~680 lines) because steps 3-6 are one order: where mutants are ordered, tried,
+judged and written in that order is what makes a rerun end with an uninterrupted run's file, and
+it is read here in one place. The scratch repository (:mod:`.scratch`), the test map
+(:mod:`.testmap`) and the resumable output (:mod:`gym_envs.making.incremental`) are apart.
 """
 
 from __future__ import annotations
 
 import ast
-import os
+import copy
 import random
 import re
-import subprocess
+import shlex
+import shutil
 import tempfile
+import threading
 import time
-import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gym_envs.grading import integrity
 from gym_envs.grading.patches import is_test_or_config
 from gym_envs.grading.pyast import parse as parse_python
-from gym_envs.grading.testrun import TestRun, probe
+from gym_envs.grading.testrun import TestRun, probe, run_tests
 from gym_envs.grading.verifier import Verifier
+from gym_envs.making.incremental import STOP_TIMEOUT, Progress, TaskFile, Workers
 from gym_envs.making.registry import RepoRecord
 from gym_envs.making.synth import mutations
+from gym_envs.making.synth.scratch import Scratch, SynthError
 from gym_envs.making.synth.statement import failure_messages, rank_apis, rewrite, safe_statement, test_calls
-from gym_envs.making.validation import TaskValidation, validate_tasks
+from gym_envs.making.synth.testmap import TestMap, build_map
+from gym_envs.making.validation import TaskValidation, validate_task
+from sandboxes import Sandbox, SandboxError
 from tasks.backends import SandboxFactory
-from tasks.catalog import TaskSet
-from tasks.model import Task, load_tasks, save_tasks
+from tasks.catalog import difficulty
+from tasks.model import Task
 
 NON_SOURCE_DIRS = {"docs", "doc", "examples", "example", "benchmarks", "bench", "scripts", ".github"}
-IDENTITY = {"GIT_AUTHOR_NAME": "patchgym", "GIT_AUTHOR_EMAIL": "synth@patchgym.invalid",
-            "GIT_COMMITTER_NAME": "patchgym", "GIT_COMMITTER_EMAIL": "synth@patchgym.invalid"}
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PROBE_TIMEOUT_FLOOR = 30.0  # seconds
 PROBE_TIMEOUT_FACTOR = 10.0  # times the baseline run's (sandbox included)
-
-
-class SynthError(RuntimeError):
-    """Tasks cannot be made: the repository, the revision or its test suite is unusable."""
+WARM_RUNS = 50  # mutants checked in one warm sandbox before a fresh one (what test runs leave behind adds up)
+LOOKAHEAD = 64  # mutants tried ahead of the first one not yet written or dropped
 
 
 @dataclass
@@ -69,6 +80,7 @@ class SynthOptions:
     validate: bool = True
     runs: int = 2
     max_failing_fraction: float = 1.0  # drop mutants breaking more of the passing tests than this
+    fast: bool = True  # check each mutant with the tests that reach it (a traced run's map), warm
     probe_timeout: float | None = None  # seconds a mutant's test run may take (default: from the baseline's)
     rewrite_url: str | None = None
     rewrite_model: str | None = None
@@ -91,6 +103,7 @@ class Attempt:
     failing: list[str] = field(default_factory=list)
     passing: list[str] = field(default_factory=list)
     output: str = ""
+    check_seconds: float | None = None  # the first check's test run (warm, or the whole suite), in its worker
 
     @property
     def broke(self) -> bool:
@@ -111,12 +124,23 @@ class SynthReport:
     validations: list[TaskValidation] = field(default_factory=list)
     tasks: list[Task] = field(default_factory=list)  # the tasks written
     seconds: dict[str, float] = field(default_factory=dict)
+    ordered: list[tuple[str, mutations.Site]] = field(default_factory=list)  # the order mutants are tried in
+    resumed: int = 0  # tasks the output already held
+    interrupted: bool = False  # stopped by Ctrl-C: rerunning the same command goes on
 
     def dropped(self) -> Counter[str]:
-        """Why tried mutants were not kept (those that broke tests beyond ``n`` included)."""
-        kept = {t.base_commit for t in self.candidates}
-        return Counter(a.verdict or "broke tests, beyond --n" for a in self.attempts
-                       if a.verdict != "not run" and a.commit not in kept)
+        """Why tried mutants gave no task (those that broke tests beyond ``n`` included)."""
+        written = {t.base_commit for t in self.tasks}
+        ids = {t.base_commit: t.instance_id for t in self.candidates}
+        problems = {v.instance_id: v.problems[0].split(" (")[0].split(":")[0] for v in self.validations if not v.ok}
+        reasons: Counter[str] = Counter()
+        for a in self.attempts:
+            if a.verdict == "not run" or a.commit in written:
+                continue
+            problem = problems.get(ids.get(a.commit, ""))
+            reasons[a.verdict or (f"failed validation: {problem}" if problem
+                                  else "broke tests, not validated (beyond --n, or interrupted)")] += 1
+        return reasons
 
     def by_kind(self) -> dict[str, tuple[int, int, int]]:
         """kind → (mutants tried, mutants that broke tests, tasks written)."""
@@ -130,92 +154,14 @@ class SynthReport:
 class Listener:
     """Progress of :func:`synthesize` (the command line draws bars); does nothing by default."""
 
-    def stage(self, name: str, total: int | None) -> None:
+    def stage(self, name: str, total: int | None, completed: int = 0) -> None:
         pass
 
     def step(self, status: str, advance: int = 1) -> None:
         pass
 
-
-# -- the scratch repository --------------------------------------------------------------------------
-
-
-class Scratch:
-    """A bare clone of the repository, where mutant commits are made."""
-
-    def __init__(self, source: str, workdir: Path) -> None:
-        self.workdir = workdir
-        self.path = workdir / "scratch.git"
-        self.git("clone", "--bare", "--quiet", source, str(self.path), cwd=workdir)
-
-    def git(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None,
-            cwd: Path | None = None, check: bool = True) -> str:
-        full = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", **IDENTITY, **(env or {})}
-        proc = subprocess.run(["git", *args], cwd=cwd or self.path, input=input, capture_output=True, env=full,
-                              timeout=600)
-        if check and proc.returncode != 0:
-            raise SynthError(f"git {' '.join(args[:2])} failed: {proc.stderr.decode(errors='replace').strip()}")
-        return proc.stdout.decode("utf-8", errors="surrogateescape") if proc.returncode == 0 else ""
-
-    def resolve(self, rev: str | None, fallback: str | None = None) -> str:
-        """The commit ``rev`` names; by default HEAD, else ``fallback``, main, master, any branch."""
-        tries = [rev] if rev else ["HEAD", *([fallback] if fallback else []), "refs/heads/main", "refs/heads/master"]
-        if not rev:
-            tries += self.git("for-each-ref", "--format=%(refname)", "refs/heads").split()
-        for name in tries:
-            sha = self.git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}", check=False).strip()
-            if sha:
-                return sha
-        raise SynthError(f"no commit {rev!r} in the repository" if rev else "the repository has no commits")
-
-    def files(self, rev: str) -> dict[str, str]:
-        """path → mode of every file at ``rev``."""
-        found = {}
-        for entry in self.git("ls-tree", "-r", "-z", "--full-tree", rev).split("\0"):
-            if entry and "\t" in entry:
-                meta, path = entry.split("\t", 1)
-                mode, kind, _ = meta.split()
-                if kind == "blob":
-                    found[path] = mode
-        return found
-
-    def read(self, rev: str, path: str) -> str | None:
-        proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=self.path, capture_output=True, timeout=60)
-        try:
-            return proc.stdout.decode("utf-8") if proc.returncode == 0 else None
-        except UnicodeDecodeError:
-            return None
-
-    def date(self, rev: str) -> str:
-        return self.git("show", "-s", "--format=%cI", rev).strip()
-
-    def commit(self, rev: str, path: str, mode: str, content: str, message: str, date: str) -> str:
-        """A commit with no parent whose tree is ``rev``'s with ``path`` replaced by ``content``."""
-        blob = self.git("hash-object", "-w", "--stdin", input=content.encode("utf-8")).strip()
-        index = {"GIT_INDEX_FILE": str(self.workdir / f"index-{uuid.uuid4().hex}")}
-        try:
-            self.git("read-tree", rev, env=index)
-            self.git("update-index", "--cacheinfo", f"{mode},{blob},{path}", env=index)
-            tree = self.git("write-tree", env=index).strip()
-        finally:
-            Path(index["GIT_INDEX_FILE"]).unlink(missing_ok=True)
-        dates = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
-        return self.git("commit-tree", tree, "-m", message, env=dates).strip()
-
-    def diff(self, old: str, new: str) -> str:
-        return self.git("-c", "diff.noprefix=false", "diff", "--no-color", "--no-ext-diff", "--no-renames",
-                        "--src-prefix=a/", "--dst-prefix=b/", old, new)
-
-    def bundle(self, dest: Path, refs: dict[str, str]) -> None:
-        """Write ``dest``: a bundle with these refs (name → commit), replacing any earlier one."""
-        for name, commit in refs.items():
-            self.git("update-ref", name, commit)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-        try:
-            self.git("bundle", "create", "--quiet", str(tmp), "--stdin", input="".join(f"{r}\n" for r in refs).encode())
-            tmp.replace(dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+    def note(self, message: str) -> None:
+        pass
 
 
 # -- which functions ------------------------------------------------------------------------------------
@@ -341,55 +287,207 @@ def judge(run: TestRun, baseline: TestRun, max_failing_fraction: float = 1.0) ->
     return "", failing, passing
 
 
-def _probe_mutants(ordered: list[tuple[str, mutations.Site]], scratch: Scratch, rev: str, modes: dict[str, str],
-                   sources: dict[str, str], record: RepoRecord, baseline: TestRun, options: SynthOptions,
-                   factory: SandboxFactory | None, listener: Listener, message: str, date: str,
-                   timeout: float) -> list[Attempt]:
-    """Try mutants in order, ``workers`` at a time, until ``options.n`` broke tests (or none are left)."""
-    attempts: list[Attempt] = []
+@dataclass
+class _Item:
+    """One mutant on its way: checked, then (when it broke tests) made a task and validated."""
+
+    attempt: Attempt
+    state: str = "checking"  # checking (warm) → confirm → confirming (whole suite) → kept → validating → done
+    selected: list[str] = field(default_factory=list)  # the tests the warm check ran
+    task: Task | None = None
+    validation: TaskValidation | None = None
+
+
+def _mutant_stream(ordered: list[tuple[str, mutations.Site]],
+                   start: int) -> Iterator[tuple[int, str, mutations.Mutant]]:
+    """The mutants in order from position ``start`` (duplicates of an earlier one left out, from
+    the first position on, so a resumed run skips exactly what an uninterrupted one does)."""
     seen: set[tuple[str, str]] = set()
-    sites = iter(enumerate(ordered))
-    task = record.probe_task(rev, instance_id="synth-probe")
-    task = task.model_copy(update={"test_spec": task.test_spec.model_copy(update={"timeout": timeout})})
-    running: dict[Future[TestRun], Attempt] = {}
-    broke = 0
+    for index, (path, site) in enumerate(ordered):
+        mutant = site.make()
+        if mutant is None or (path, mutant.source) in seen:
+            continue
+        seen.add((path, mutant.source))
+        if index >= start:
+            yield index, path, mutant
 
-    def submit(pool: ThreadPoolExecutor) -> bool:
-        for index, (path, site) in sites:
-            mutant = site.make()
-            if mutant is None or (path, mutant.source) in seen:
-                continue
-            seen.add((path, mutant.source))
-            commit = scratch.commit(rev, path, modes[path], mutant.source, message, date)
-            attempt = Attempt(index, mutant.kind, path, mutant.function, mutant.description, commit,
-                              mutations.changed_lines(sources[path], mutant.source))
-            attempts.append(attempt)
-            running[pool.submit(probe, task, [scratch.diff(rev, commit)], (), factory)] = attempt
-            return True
-        return False
 
-    pool = ThreadPoolExecutor(max_workers=max(1, options.workers))
-    try:
-        for _ in range(max(1, options.workers)):
-            submit(pool)
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                attempt = running.pop(future)
-                run = future.result()
-                attempt.verdict, attempt.failing, attempt.passing = judge(run, baseline, options.max_failing_fraction)
-                if attempt.broke:
-                    attempt.output = run.output
-                    broke += 1
-                tried = sum(a.verdict != "not run" for a in attempts)
-                listener.step(f"{broke} broke tests of {tried} tried", int(attempt.broke and broke <= options.n))
-                if broke < options.n:
-                    submit(pool)
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    return attempts
+@dataclass
+class _Search:
+    """The state :func:`synthesize` hands to :meth:`run` (the loop that tries mutants)."""
+
+    record: RepoRecord
+    options: SynthOptions
+    report: SynthReport
+    scratch: Scratch
+    rev: str
+    date: str
+    modes: dict[str, str]
+    sources: dict[str, str]
+    baseline: TestRun
+    calls: dict[str, set[str]]
+    task_file: TaskFile
+    progress: Progress
+    workers: Workers
+    verifier: Verifier
+    listener: Listener
+    probe_task: Task
+    fast_task: Task
+    test_map: TestMap | None = None
+    candidates: dict[str, str] = field(default_factory=dict)  # candidate ref → commit
+    local: threading.local = field(default_factory=threading.local)  # each worker's warm sandbox
+
+    @property
+    def bundle(self) -> Path:
+        return self.report.output.with_suffix(".bundle")
+
+    @property
+    def candidates_bundle(self) -> Path:
+        return self.report.output.with_name(f".{self.report.output.stem}.candidates.bundle")
+
+    def status(self) -> str:
+        attempts = self.report.attempts
+        tried = sum(a.verdict != "not run" for a in attempts)
+        broke = sum(a.broke for a in attempts)
+        valid = sum(v.ok for v in self.report.validations)
+        return f"tried {tried}, broke tests {broke}, validated {valid}"
+
+    def run(self, start: int) -> None:
+        options, workers = self.options, self.workers
+        stream = _mutant_stream(self.report.ordered, start)
+        line: deque[_Item] = deque()
+        exhausted = False
+        while len(self.task_file.tasks) < options.n:
+            while workers.in_flight < max(1, options.workers):
+                waiting = next((i for i in line if i.state == "kept"), None)
+                if waiting is not None:
+                    waiting.state = "validating"
+                    task = waiting.task.model_copy(update={"repo_path": str(self.candidates_bundle)})
+                    workers.submit(waiting, lambda t=task: validate_task(t, self.verifier, self.options.runs))
+                    continue
+                confirm = next((i for i in line if i.state == "confirm"), None)
+                if confirm is not None:  # broke the tests that reach it: the whole suite, in a fresh sandbox
+                    confirm.state = "confirming"
+                    diff = self.scratch.diff(self.rev, confirm.attempt.commit)
+                    workers.submit(confirm, lambda d=diff: probe(self.probe_task, [d], (), self.workers.factory))
+                    continue
+                pending = sum(i.task is not None and (i.validation is None or i.validation.ok) for i in line)
+                if exhausted or len(self.task_file.tasks) + pending >= options.n or len(line) >= LOOKAHEAD:
+                    break
+                found = next(stream, None)
+                if found is None:
+                    exhausted = True
+                    break
+                line.append(self._check(*found))
+            if not line:
+                break
+            for item, result, error in workers.results():
+                if error is not None:
+                    raise error
+                self._finished(item, result)
+            while line and line[0].state == "done" and len(self.task_file.tasks) < options.n:
+                self._commit(line.popleft())
+            self.listener.step(self.status(), 0)
+
+    def _check(self, index: int, path: str, mutant: mutations.Mutant) -> _Item:
+        commit = self.scratch.commit(self.rev, path, self.modes[path], mutant.source,
+                                     f"{self.record.repo} at {self.rev[:12]}", self.date)
+        attempt = Attempt(index, mutant.kind, path, mutant.function, mutant.description, commit,
+                          mutations.changed_lines(self.sources[path], mutant.source))
+        self.report.attempts.append(attempt)
+        item = _Item(attempt)
+        if self.test_map is not None:
+            tests = sorted(self.test_map.tests(path, mutant.function))
+            if not tests:
+                attempt.verdict, item.state = "no test reaches the function (traced run)", "done"
+                return item
+            item.selected = tests
+            self.workers.submit(item, lambda: _timed(attempt, self._warm, path, mutant.source, tests))
+            return item
+        diff = self.scratch.diff(self.rev, commit)
+        self.workers.submit(item, lambda: _timed(attempt, probe, self.probe_task, [diff], (), self.workers.factory))
+        item.state = "confirming"
+        return item
+
+    def _warm(self, path: str, source: str, tests: list[str]) -> TestRun:
+        """The mutant's file written into this worker's warm sandbox, the tests that reach it run,
+        and the file (and what the run wrote) put back; a sandbox whose run went wrong is dropped."""
+        local = self.local
+        sandbox = getattr(local, "sandbox", None)
+        if sandbox is None or local.uses >= WARM_RUNS:
+            if sandbox is not None:
+                _close(sandbox)
+            sandbox = local.sandbox = self.workers.factory(self.fast_task)
+            local.uses = 0
+        local.uses += 1
+        canary = integrity.canary_path(tests)
+        try:
+            saved: bytes | None = sandbox.read_file(canary)
+        except FileNotFoundError:
+            saved = None
+        sandbox.write_file(path, source)
+        cache = shlex.quote(str(PurePosixPath(path).parent / "__pycache__"))
+        sandbox.exec(f"rm -rf {cache}", timeout=60)
+        run = None
+        try:
+            run = run_tests(sandbox, self.fast_task.test_spec, tests)
+        finally:
+            try:
+                sandbox.write_file(path, self.sources[path])
+                if saved is None:
+                    sandbox.exec(f"rm -f {shlex.quote(canary)}", timeout=60)
+                else:
+                    sandbox.write_file(canary, saved)
+                sandbox.exec("rm -rf .patchgym-*", timeout=60)
+            except (SandboxError, OSError):
+                run = None
+            if run is None or run.timed_out or run.error:
+                _close(sandbox)
+                local.sandbox = None
+        return run
+
+    def _finished(self, item: _Item, result: TestRun | TaskValidation) -> None:
+        if isinstance(result, TaskValidation):
+            item.validation = result
+            self.report.validations.append(result)
+            item.state = "done"
+            return
+        attempt = item.attempt
+        if item.state == "checking":  # the warm check with the tests that reach the function
+            # Only the selected tests count: whatever else the runner reported (a whole file's other
+            # parameters, the canaries' verdict) is for the whole-suite run to judge.
+            reach = TestRun({t: self.baseline.statuses[t] for t in item.selected}, "", "", 0, False)
+            seen = TestRun({t: s for t, s in result.statuses.items() if t in reach.statuses}, "", "", 0,
+                           result.timed_out, result.error, result.applied)
+            attempt.verdict, attempt.failing, attempt.passing = judge(seen, reach)
+            item.state = "confirm" if attempt.broke else "done"
+            return
+        attempt.verdict, attempt.failing, attempt.passing = judge(result, self.baseline,
+                                                                  self.options.max_failing_fraction)
+        if not attempt.broke:
+            item.state = "done"
+            return
+        attempt.output = result.output
+        item.task = _task(self.record, attempt, self.scratch, self.rev, self.date, self.calls, self.bundle.name,
+                          self.options, len(self.baseline.statuses))
+        self.report.candidates.append(item.task)
+        if not self.options.validate:
+            item.state = "done"
+            return
+        self.candidates[f"refs/candidates/{attempt.commit}"] = attempt.commit
+        self.scratch.bundle(self.candidates_bundle, self.candidates)
+        item.state = "kept"
+
+    def _commit(self, item: _Item) -> None:
+        """Write what ``item`` gave, in order: its task (bundle first, then the task's line), then how far we got."""
+        if item.task is not None and (item.validation is None or item.validation.ok):
+            refs = {_ref(t): t.base_commit for t in [*self.task_file.tasks, item.task]}
+            self.scratch.bundle(self.bundle, refs)
+            self.report.bundle = self.bundle
+            self.task_file.append(item.task)
+            self.report.tasks.append(item.task)
+            self.listener.step(self.status(), 1)
+        self.progress.write(item.attempt.index + 1)
 
 
 # -- the whole pipeline --------------------------------------------------------------------------------
@@ -397,8 +495,10 @@ def _probe_mutants(ordered: list[tuple[str, mutations.Site]], scratch: Scratch, 
 
 def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verifier: Verifier | None = None,
                factory: SandboxFactory | None = None, listener: Listener | None = None) -> SynthReport:
-    """Make up to ``options.n`` tasks from ``record`` by bug injection and write them to ``output``
-    (JSONL, with the bundle of their commits beside it). See the module docstring."""
+    """Make ``options.n`` tasks from ``record`` by bug injection, appending each to ``output`` (JSONL,
+    with the bundle of their commits beside it) as it is validated; a run on an ``output`` that
+    holds tasks of an earlier run with the same options goes on from there. Ctrl-C returns the
+    report with ``interrupted`` set. See the module docstring."""
     if options.n < 1:
         raise SynthError("--n must be at least 1")
     listener = listener or Listener()
@@ -407,10 +507,24 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
     output = output.expanduser().resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="patchgym-synth-") as tmp:
-        scratch = Scratch(record.source, Path(tmp))
-        rev = scratch.resolve(options.rev, record.head)
-        report = SynthReport(record.repo, rev, output)
+    task_file = TaskFile(output, listener.note)
+    earlier_rev = _resumable(task_file.tasks, options, output)
+    report = SynthReport(record.repo, "", output, resumed=len(task_file.tasks))
+    report.tasks = list(task_file.tasks)
+    workdir = Path(tempfile.mkdtemp(prefix="patchgym-synth-"))
+    workers: Workers | None = None
+    try:
+        scratch = Scratch(record.source, workdir)
+        rev = report.rev = scratch.resolve(options.rev or earlier_rev, record.head)
+        if earlier_rev and rev != earlier_rev:
+            raise SynthError(f"{output} holds tasks made at {earlier_rev[:12]}, not {rev[:12]}: "
+                             "rerun without --rev to go on, or write to another --output")
+        bundle = output.with_suffix(".bundle")
+        if task_file.tasks:
+            if not bundle.exists():
+                raise SynthError(f"{output} holds tasks but their bundle {bundle.name} is missing")
+            scratch.fetch_bundle(bundle, "refs/heads/synth/*")
+            report.bundle = bundle
         modes = {p: m for p, m in scratch.files(rev).items() if p.endswith(".py")}
         texts = {p: t for p in sorted(modes) if (t := scratch.read(rev, p)) is not None}
         tests = {p: t for p, t in texts.items() if is_test_or_config(p)}
@@ -430,7 +544,11 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
         report.sites = len(found)
         if not found:
             raise SynthError(f"no mutation sites in functions the tests reach at {rev[:12]}")
-        ordered = order_sites(found, options.seed)
+        report.ordered = order_sites(found, options.seed)
+        task_file.create()
+        if len(task_file.tasks) >= options.n:
+            listener.note(f"{output.name} already holds {len(task_file.tasks)} task(s); nothing to do")
+            return report
 
         listener.stage("baseline test run", 1)
         clock = time.monotonic()
@@ -443,41 +561,94 @@ def synthesize(record: RepoRecord, output: Path, options: SynthOptions, *, verif
         report.baseline_passed = len(baseline.passed)
         report.seconds["baseline"] = time.monotonic() - started
 
-        listener.stage("trying mutants", options.n)
-        date = scratch.date(rev)
         # A mutant may loop forever: its run gets a deadline from the baseline's, not the suite's own.
         timeout = options.probe_timeout or min(record.test_spec.timeout,
                                                max(PROBE_TIMEOUT_FLOOR, PROBE_TIMEOUT_FACTOR * baseline_seconds))
-        report.attempts = _probe_mutants(ordered, scratch, rev, modes, sources, record, baseline, options, factory,
-                                         listener, f"{record.repo} at {rev[:12]}", date, timeout)
-        report.seconds["mutants"] = time.monotonic() - started - report.seconds["baseline"]
-        kept = sorted((a for a in report.attempts if a.broke), key=lambda a: a.index)[: options.n]
-
-        bundle = output.with_suffix(".bundle")
+        check = record.probe_task(rev, instance_id="synth-probe")
+        check = check.model_copy(update={"test_spec": check.test_spec.model_copy(update={"timeout": timeout})})
+        fast = check.model_copy(update={"test_spec": check.test_spec.model_copy(update={"selection": "ids"})})
+        test_map = None
+        if options.fast:
+            listener.stage("tracing which tests reach which function", 1)
+            functions = {path: mutations.functions(trees[path]) for path in reach}
+            test_map, why = build_map(record.probe_task(rev, instance_id="synth-map"), factory, functions,
+                                      set(baseline.statuses))
+            report.seconds["map"] = test_map.seconds if test_map else 0.0
+            listener.step(f"{len(test_map.by_function)} functions reached" if test_map else why)
+            if test_map is None:
+                listener.note(f"every mutant is checked with the whole suite: {why}")
         defined = {f.qualname.rsplit(".", 1)[-1] for tree in trees.values() for f in mutations.functions(tree)}
         defined |= {n.name for tree in trees.values() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-        calls = test_calls(tests, sorted(baseline.statuses), defined)
-        report.candidates = [_task(record, a, scratch, rev, date, calls, bundle.name, options, len(baseline.statuses))
-                             for a in kept]
-        if not report.candidates:
-            save_tasks([], output)
-            report.seconds["total"] = time.monotonic() - started
-            return report
-        scratch.bundle(bundle, {_ref(t): t.base_commit for t in report.candidates})
-        report.bundle = bundle
-        tasks = report.candidates
-        if options.validate:
-            tasks = _validate(report, verifier, options, listener)
-            report.seconds["validation"] = time.monotonic() - started - sum(report.seconds.values())
-            if not tasks:
-                bundle.unlink(missing_ok=True)
-                report.bundle = None
-            elif len(tasks) < len(report.candidates):
-                scratch.bundle(bundle, {_ref(t): t.base_commit for t in tasks})
-        save_tasks(tasks, output)
-        report.tasks = tasks
-    report.seconds["total"] = time.monotonic() - started
+        progress = Progress(output, {"repo": record.repo, "rev": rev, "seed": options.seed,
+                                     "kinds": list(options.kinds), "max_failing": options.max_failing_fraction,
+                                     "validate": options.validate, "runs": options.runs, "fast": options.fast})
+        start = max([_meta(t)["index"] + 1 for t in task_file.tasks] + [progress.read()])
+        if start:
+            listener.note(f"going on from an earlier run: {len(task_file.tasks)} task(s) written, "
+                          f"mutants before #{start} done")
+        workers = Workers(options.workers, factory)
+        checked = copy.copy(verifier)
+        checked.factory = workers.factory
+        search = _Search(record, options, report, scratch, rev, scratch.date(rev), modes, sources, baseline,
+                         test_calls(tests, sorted(baseline.statuses), defined), task_file, progress, workers,
+                         checked, listener, check, fast, test_map)
+        listener.stage("making tasks", options.n, len(task_file.tasks))
+        listener.step(search.status(), 0)
+        search.run(start)
+        search.candidates_bundle.unlink(missing_ok=True)
+    except KeyboardInterrupt:
+        report.interrupted = True
+    finally:
+        ended = workers.stop() if workers is not None else True
+        if ended:
+            _remove(workdir)
+        else:
+            listener.note(f"a worker did not end within {STOP_TIMEOUT:.0f}s; its scratch space {workdir} is left")
+        report.seconds["total"] = time.monotonic() - started
     return report
+
+
+def _timed(attempt: Attempt, fn, *args):
+    clock = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        attempt.check_seconds = time.monotonic() - clock
+
+
+def _close(sandbox: Sandbox) -> None:
+    try:
+        sandbox.close()
+    except SandboxError:
+        pass
+
+
+def _remove(workdir: Path, patience: float = 5.0) -> None:
+    """Remove the scratch space, again while a git process killed by Ctrl-C still lets go of it
+    (``rmtree`` alone can leave what such a process wrote after it listed a directory)."""
+    deadline = time.monotonic() + patience
+    while True:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if not workdir.exists() or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+
+
+def _meta(task: Task) -> dict:
+    return (task.model_extra or {}).get("synth") or {}
+
+
+def _resumable(tasks: list[Task], options: SynthOptions, output: Path) -> str | None:
+    """The revision the tasks already in ``output`` were made at, when this run may go on from them."""
+    if not tasks:
+        return None
+    metas = [_meta(t) for t in tasks]
+    wanted = {"seed": options.seed, "kinds": list(options.kinds)}
+    for meta in metas:
+        if "index" not in meta or any(meta.get(k) != v for k, v in wanted.items()):
+            raise SynthError(f"{output} holds tasks of another run (another --seed or --kinds, or not made by "
+                             "tasks synth): write to another --output, or remove it")
+    return metas[0].get("source_commit")
 
 
 def _ref(task: Task) -> str:
@@ -506,29 +677,13 @@ def _task(record: RepoRecord, attempt: Attempt, scratch: Scratch, rev: str, date
         "repo_path": bundle,
         # Never shown to an agent (public_view leaves it out; the task file is hidden in sandboxes).
         "synth": {"kind": attempt.kind, "path": attempt.path, "function": attempt.function,
-                  "mutation": attempt.description, "source_commit": rev, "seed": options.seed},
+                  "mutation": attempt.description, "source_commit": rev, "seed": options.seed,
+                  "kinds": list(options.kinds), "index": attempt.index},
     }
-    return Task.model_validate(row)
+    return _with_difficulty(row)
 
 
-def _validate(report: SynthReport, verifier: Verifier, options: SynthOptions, listener: Listener) -> list[Task]:
-    """Validate the candidates as loaded from a task file beside the output (so ``repo_path``
-    resolves as it will for the written file); the valid ones."""
-    scratch_file = report.output.with_name(f".{report.output.stem}.candidates-{uuid.uuid4().hex[:8]}.jsonl")
-    try:
-        save_tasks(report.candidates, scratch_file)
-        task_set = TaskSet(load_tasks(scratch_file), str(scratch_file))
-        listener.stage("validating", len(task_set))
-        problems = 0
-
-        def done(result: TaskValidation) -> None:
-            nonlocal problems
-            problems += 0 if result.ok else 1
-            listener.step(f"{problems} problem(s)")
-
-        report.validations = validate_tasks(task_set, verifier, runs=options.runs, workers=options.workers,
-                                            on_done=done)
-    finally:
-        scratch_file.unlink(missing_ok=True)
-    valid = {r.instance_id for r in report.validations if r.ok}
-    return [t for t in report.candidates if t.instance_id in valid]
+def _with_difficulty(row: dict) -> Task:
+    """The task with its ``difficulty`` recorded (:func:`tasks.catalog.difficulty`)."""
+    measured = difficulty(Task.model_validate(row))
+    return Task.model_validate({**row, "difficulty": {k: v for k, v in measured.items() if k != "repo"}})
