@@ -112,7 +112,7 @@ def test_a_forgers_primitive_ends_the_run_as_tampering(name, tmp_path):
 def test_what_libraries_do_every_day_is_not_tampering(tmp_path):
     proc, records = _run(tmp_path, "\n".join(CONTROLS.values()))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [r["event"] for r in records][-2:] == ["finish", "exit"]
+    assert [r["event"] for r in records][-3:] == ["finish", "exit", "end"]  # the supervisor's end last
     assert not [r for r in records if r["event"] == "tampering"]
 
 
@@ -151,4 +151,4 @@ def test_a_failure_inside_the_hook_is_a_traceback_and_exit_1(tmp_path, monkeypat
     proc, records = _run(tmp_path / "w", "import gc\ngc.get_objects()\n")
     assert proc.returncode == 1
     assert "the audit hook failed" in proc.stderr and "RuntimeError: boom" in proc.stderr
-    assert [r["event"] for r in records] == ["start"]
+    assert [r["event"] for r in records] == ["start", "end"]  # the runner's start, the supervisor's end
