@@ -30,15 +30,17 @@
     sandbox's /testbed is a bounded tmpfs, empty at start, which the command server fills from it.
     Its size and file count are recorded in labels, to size that tmpfs.
 
-Each build runs under a file lock (in ``$PATCHGYM_DOCKER_LOCKS``, default ``/tmp/patchgym-docker-<uid>``:
-shared by every cache on the host, as images are global to the engine), so concurrent processes
-build an image once. Build containers
+Environment and instance images are built in a container named for the build
+(:mod:`.build_mutex`): the name is an engine-wide mutex, so every process on the engine, whatever its
+``PATCHGYM_HOME``, builds an image once, and a dead builder's container is taken over. Only the
+base image (debootstrap on this host) is built under a host file lock (in
+``$PATCHGYM_DOCKER_LOCKS``, default ``/tmp/patchgym-docker-<uid>``). Build containers
 carry ``org.patchgym.kind=build`` and are always removed; every image carries
 ``org.patchgym.managed=1`` and its kind, and :func:`prune_images` never touches anything else.
 ``progress`` callbacks are called only for work actually done (a cached image reports nothing).
 
 One file (about 860 lines): the three layers are one chain, each image keyed by the one below it
-(base id -> environment key -> instance key), built under the same lock, build container, labels
+(base id -> environment key -> instance key), built under the same mutex, build container, labels
 and clean-up rules; :func:`prune_images` and :func:`list_images` read the labels every builder
 writes. Split by layer, a reader would have to follow the keys and labels across files.
 """
