@@ -40,6 +40,10 @@ The rules (``patchgym tasks mine`` follows them; each is decided here, once):
   gold patch resolves on each of ``runs`` runs and they agree, the empty patch does not); a task
   that fails is dropped. Outcomes are taken in history order and each kept task is appended to
   the output then, so an interrupted run keeps them and a rerun goes on.
+
+One file (about 510 lines): the rules above are one pipeline (walk, classify, build, run, validate,
+append), each step feeding the next the same commit record; the crash-safe output itself lives in
+:mod:`.incremental`.
 """
 
 from __future__ import annotations
