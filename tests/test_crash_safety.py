@@ -148,27 +148,31 @@ def test_a_half_built_environment_is_rebuilt_not_reused_nor_removed_under_an_orp
     home = tmp_path / "home"
     monkeypatch.setenv("PATCHGYM_HOME", str(home))
     started, release, resumed = tmp_path / "started", tmp_path / "release", tmp_path / "resumed"
-    orphan = (f"setsid sh -c 'while [ ! -e {release} ]; do mkdir -p \"$VIRTUAL_ENV/lib/x/d$$\"; "
+    # The orphan ends when released, and on its own after 5 minutes whatever happens to this test.
+    orphan = (f"setsid sh -c 'end=$(($(date +%s) + 300)); while [ ! -e {release} ] && [ $(date +%s) -lt $end ]; "
+              f"do mkdir -p \"$VIRTUAL_ENV/lib/x/d$$\"; "
               f"touch \"$VIRTUAL_ENV/lib/x/d$$/f$(date +%N)\"; done' </dev/null >/dev/null 2>&1 &")
     step = f"[ -e {resumed} ] && exit 0; {orphan} touch {started}; sleep 600"
     spec = EnvironmentSpec(python=PYTHON, pre_install=(step,))
     builder = _start(BUILDER, PYTHON, step, home=home)
     try:
-        _wait_for(started, builder)
+        try:
+            _wait_for(started, builder)
+        finally:
+            _kill(builder)
+        [entry] = [p for p in (home / "envs").iterdir() if p.is_dir()]
+        assert ready_venv(entry) is None, "a killed build must not look complete"
+        # The orphan inherited the entry's lock: nobody may remove its attempt while it writes.
+        fd = os.open(entry.with_suffix(".lock"), os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        [half] = [p for p in entry.iterdir() if p.is_dir()]
+        resumed.touch()
     finally:
-        _kill(builder)
-    [entry] = [p for p in (home / "envs").iterdir() if p.is_dir()]
-    assert ready_venv(entry) is None, "a killed build must not look complete"
-    # The orphan inherited the entry's lock: nobody may remove its attempt while it writes.
-    fd = os.open(entry.with_suffix(".lock"), os.O_RDWR)
-    try:
-        with pytest.raises(BlockingIOError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    finally:
-        os.close(fd)
-    [half] = [p for p in entry.iterdir() if p.is_dir()]
-    resumed.touch()
-    release.touch()  # the orphan ends; the next build waits for that, then starts afresh
+        release.touch()  # the orphan ends; the next build waits for that, then starts afresh
     built = ensure_environment(spec)
     assert built.venv.parent != half and (built.venv / "bin" / "python").exists()
     assert ready_venv(entry) == built.venv
