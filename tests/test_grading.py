@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from gym_envs.grading.outcome import JunitError, TestStatus, grade, lookup, parse_junit
@@ -59,3 +62,46 @@ def test_grade_rules():
     broke = grade(["tests/test_a.py::test_pass"], ["tests/sub/test_b.py::test_err"], s)
     assert broke.tests_status["PASS_TO_PASS"]["failure"] == ["tests/sub/test_b.py::test_err"]
     assert set(broke.tests_status) == {"FAIL_TO_PASS", "PASS_TO_PASS", "FAIL_TO_FAIL", "PASS_TO_FAIL"}
+
+
+INHERITED_JUNIT = """<testsuites><testsuite name="pytest">
+<testcase classname="tests.test_child.TestChild" name="test_m" file="tests/a/test_base.py" line="1"/>
+<testcase classname="tests.test_child.TestBase" name="test_m[1]" file="tests/a/test_base.py" line="1"/>
+<testcase classname="tests.test_child" name="test_f" file="tests/a/test_base.py" line="4"><failure message="x"/></testcase>
+<testcase classname="app.tests.TestChild" name="test_m" file="app/base.py" line="4"/>
+<testcase classname="tests.test_ab.TestK" name="test_k" file="tests/test_a.py" line="4"/>
+</testsuite></testsuites>"""
+
+
+def test_tests_defined_in_another_file_get_the_id_pytest_prints():
+    """itsdangerous: a class inherits its test methods from a base class in another test file.
+    pytest's junit ``file`` names the file that defines the method; the id (what pytest prints,
+    what SWE-bench records) is the collecting module's and class's, which ``classname`` keeps."""
+    assert parse_junit(INHERITED_JUNIT) == {
+        "tests/test_child.py::TestChild::test_m": TestStatus.PASSED,
+        "tests/test_child.py::TestBase::test_m[1]": TestStatus.PASSED,
+        "tests/test_child.py::test_f": TestStatus.FAILED,  # a test function imported from another file
+        "app/tests.py::TestChild::test_m": TestStatus.PASSED,  # a module not named test_*
+        "tests/test_ab.py::TestK::test_k": TestStatus.PASSED,  # a module whose name starts with another's
+    }
+
+
+def test_junit_ids_of_inherited_tests_match_pytest_s_own(tmp_path):
+    """The same through pytest itself: every id read from its junit is one it printed."""
+    (tmp_path / "tests" / "a").mkdir(parents=True)
+    (tmp_path / "tests" / "a" / "test_base.py").write_text(
+        "import pytest\n\nclass TestBase:\n    def test_m(self):\n        pass\n\n"
+        "    @pytest.mark.parametrize('n', [1, 2])\n    def test_p(self, n):\n        assert n == 1\n\n"
+        "def test_f():\n    pass\n")
+    (tmp_path / "tests" / "test_child.py").write_text(
+        "from a.test_base import TestBase, test_f\n\n\nclass TestChild(TestBase):\n    pass\n")
+    junit = tmp_path / "junit.xml"
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", f"--junitxml={junit}",
+         "-o", "junit_family=xunit1", "--rootdir", str(tmp_path), "tests"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120).stdout
+    printed = {line.split()[1]: line.split()[0] for line in out.splitlines()
+               if line.startswith(("PASSED ", "FAILED "))}
+    assert "tests/test_child.py::TestChild::test_m" in printed, out
+    statuses = parse_junit(junit.read_text())
+    assert {node: status.value for node, status in statuses.items()} == printed

@@ -222,3 +222,77 @@ def test_canaries_a_crashed_session_never_ran_are_not_tampering():
     reason = integrity.check_run(exit_code=3, output="", junit=forged, record=record, reporter=True,
                                  requested=[], canaries=canaries)
     assert reason is not None and "must fail" in reason
+
+
+AUTOUSE_PARAM_CONFTEST = '''
+import pytest
+
+@pytest.fixture(scope="session", autouse=True,
+                params=(object(), pytest.param(object(), marks=pytest.mark.skipif(True, reason="no"))))
+def _mod(request):
+    return request.param
+'''
+
+
+def _variant_run(canaries: integrity.Canaries, outcomes: dict[str, tuple[str, str]]):
+    """junit and the reporter's record of a run in which an autouse fixture with ``params``
+    (markupsafe's conftest) parametrized every canary: ``outcomes`` maps each node id to its
+    (phase, outcome), and every canary not in it ran as it should in ``[_mod0]`` and was skipped
+    by its marker at setup in ``[_mod1]``."""
+    reports = {}
+    for canary in canaries.ids:
+        reports[f"{canary}[_mod0]"] = ("call", "passed" if canary in canaries.must_pass else "failed")
+        reports[f"{canary}[_mod1]"] = ("setup", "skipped")
+    reports |= outcomes
+    record = integrity.parse_record(_records(*(
+        {"nodeid": node, "when": when, "outcome": outcome} for node, (when, outcome) in reports.items())))
+    return record, dict(record.statuses)
+
+
+def test_canaries_parametrized_by_an_autouse_fixture_are_read_through_their_variants():
+    """markupsafe: each canary comes back as ``[_mod0]`` (ran) and ``[_mod1]`` (skipped at setup by
+    its marker). That is an honest run, not tampering."""
+    canaries = integrity.make_canaries("t.py")
+    record, junit = _variant_run(canaries, {})
+    assert integrity.check_run(exit_code=1, output="", junit=junit, record=record, reporter=True,
+                               requested=[], canaries=canaries) is None
+    assert integrity.check_run(exit_code=1, output="", junit=junit, record=None, reporter=False,
+                               requested=[], canaries=canaries) is None
+    assert canaries.owns(f"{canaries.must_pass[0]}[_mod1]") and canaries.owns(canaries.must_fail[0])
+    assert not canaries.owns(f"{canaries.must_pass[0]}x[_mod1]")
+
+
+@pytest.mark.parametrize("forgery", ["all_skipped", "fail_passes", "pass_fails", "skipped_in_call",
+                                     "must_fail_errors", "junit_disagrees"])
+def test_parametrized_canaries_still_catch_forgery(forgery):
+    """Reading variants weakens nothing: every canary needs one variant with its outcome and no
+    variant with another (but a skip at setup); a forger that skips every test is caught."""
+    canaries = integrity.make_canaries("t.py")
+    must_pass, must_fail = canaries.must_pass[0], canaries.must_fail[0]
+    outcomes = {
+        "all_skipped": {f"{c}[_mod0]": ("setup", "skipped") for c in canaries.ids},
+        "fail_passes": {f"{must_fail}[_mod1]": ("call", "passed")},
+        "pass_fails": {f"{must_pass}[_mod1]": ("call", "failed")},
+        "skipped_in_call": {f"{must_pass}[_mod0]": ("call", "skipped")},
+        "must_fail_errors": {f"{must_fail}[_mod0]": ("setup", "failed")},
+        "junit_disagrees": {},
+    }[forgery]
+    record, junit = _variant_run(canaries, outcomes)
+    if forgery == "junit_disagrees":
+        junit[f"{must_fail}[_mod0]"] = TestStatus.PASSED
+    reason = integrity.check_run(exit_code=1, output="", junit=junit, record=record, reporter=True,
+                                 requested=[], canaries=canaries)
+    assert reason is not None and ("canary" in reason or "junit report says" in reason), reason
+
+
+def test_honest_run_under_an_autouse_parametrized_fixture_is_believed(calc_sandbox, calc_task):
+    """The same through a real run: a conftest whose autouse fixture has ``params`` parametrizes
+    the canaries the grader appends to the hidden module; their variants are read as the canaries,
+    and kept out of the hidden tests' results."""
+    calc_sandbox.write_file("tests/conftest.py", AUTOUSE_PARAM_CONFTEST)
+    calc_sandbox.write_file("tests/test_tricky.py", "def test_plain_pass():\n    pass\n")
+    ids = [f"tests/test_tricky.py::test_plain_pass[_mod{i}]" for i in (0, 1)]
+    run = run_tests(calc_sandbox, calc_task.test_spec, ids)
+    assert run.tampering is None and run.error is None, run.output[-3000:]
+    assert run.statuses == {"tests/test_tricky.py::test_plain_pass[_mod0]": TestStatus.PASSED,
+                            "tests/test_tricky.py::test_plain_pass[_mod1]": TestStatus.SKIPPED}, run.output[-3000:]

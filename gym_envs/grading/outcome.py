@@ -29,17 +29,44 @@ class JunitError(ValueError):
     """The junit file is missing or not junit XML."""
 
 
+_TEST_MODULE = re.compile(r"test_.*|.*_test")  # pytest's default python_files, without ".py"
+
+
+def _collecting_module(classname: str) -> tuple[str, list[str]]:
+    """Split ``classname`` (the collecting module's dotted path, then its classes) into the
+    module's file and the classes. Nothing says where the module ends, so: at its last part named
+    like a test module (pytest's default ``python_files``), else before the trailing parts that
+    start with a capital (classes, pytest's default ``python_classes`` is ``Test*``)."""
+    parts = classname.split(".")
+    ends = [i for i, part in enumerate(parts) if _TEST_MODULE.fullmatch(part)]
+    end = ends[-1] + 1 if ends else len(parts)
+    if not ends:
+        while end > 1 and parts[end - 1][:1].isupper():
+            end -= 1
+    return "/".join(parts[:end]) + ".py", parts[end:]
+
+
 def _node_id(case: ET.Element) -> str:
-    """Rebuild pytest's node id from a ``<testcase>`` written with ``junit_family=xunit1``."""
+    """Rebuild pytest's node id from a ``<testcase>`` written with ``junit_family=xunit1``.
+
+    ``classname`` is the node id's path (dotted, without ``.py``) and classes; ``file`` is the
+    file that *defines* the test, which tells ``/`` from ``.`` in that path. They differ for a
+    test defined in another file than the module that collects it (a class inheriting test
+    methods from a base class in another test file, itsdangerous; a test function imported from
+    one): the id pytest prints is the collecting module's, read from ``classname`` alone."""
     name = case.get("name", "")
     file = case.get("file")
     classname = case.get("classname", "")
     if not file:
         return f"{classname}::{name}" if classname else name
     module = file[:-3].replace("/", ".") if file.endswith(".py") else file.replace("/", ".")
-    rest = classname[len(module):].lstrip(".") if classname.startswith(module) else ""
-    parts = [file, *[p for p in rest.split(".") if p], name]
-    return "::".join(parts)
+    if classname == module or classname.startswith(module + "."):
+        rest = classname[len(module):].lstrip(".")
+        return "::".join([file, *[p for p in rest.split(".") if p], name])
+    if not classname or not file.endswith(".py"):
+        return f"{file}::{name}"
+    path, classes = _collecting_module(classname)
+    return "::".join([path, *classes, name])
 
 
 def parse_junit(xml_text: str | bytes) -> dict[str, TestStatus]:

@@ -177,8 +177,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     if record is not None and run.tampering is None and not result.timed_out:
         run.could_not_start = labels.could_not_start(record.exit_code, bool(record.statuses), result.output)
     if junit_statuses is not None:
-        hidden = set(canaries.ids) if canaries else set()
-        run.statuses = {t: s for t, s in junit_statuses.items() if t not in hidden}
+        run.statuses = {t: s for t, s in junit_statuses.items() if not (canaries and canaries.owns(t))}
         run.undeclared_xfail |= {t for t, s in run.statuses.items()
                                  if s is TestStatus.XFAIL and not declared.declares_xfail(t)}
         in_call = record.skipped_in_call if record is not None else set()
