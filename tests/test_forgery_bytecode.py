@@ -109,23 +109,6 @@ def modify_diff(path: str, old: bytes, new: bytes, scratch: Path) -> str:
     return _git(scratch, "diff", "--binary", "--no-color", "HEAD")
 
 
-def binary_diff(repo: Repo, writes: dict[str, bytes | None]) -> str:
-    """A ``git diff --binary`` (against the base commit) writing bytes to, or deleting, files."""
-    try:
-        for path, data in writes.items():
-            target = repo.root / path
-            if data is None:
-                target.unlink()
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        _git(repo.root, "add", "-A", "-f")
-        return _git(repo.root, "diff", "--cached", "--binary", "--no-color", repo.task.base_commit)
-    finally:
-        _git(repo.root, "reset", "-q", "--hard", repo.task.base_commit)
-        _git(repo.root, "clean", "-q", "-fdx")
-
-
 class Payloads:
     """The bytecode payloads for one task on one backend."""
 
@@ -141,15 +124,15 @@ class Payloads:
         self.repo = repo
 
     def unchecked_pycache(self) -> tuple[str, list[str]]:
-        return binary_diff(self.repo, {self.cached: self.pyc}), [self.cached]
+        return self.repo.diff({self.cached: self.pyc}), [self.cached]
 
     def sourceless_module(self) -> tuple[str, list[str]]:
         """The .py deleted and the fixed module as a sourceless .pyc in its place."""
-        return binary_diff(self.repo, {self.module: None, self.sourceless: self.pyc}), [self.sourceless]
+        return self.repo.diff({self.module: None, self.sourceless: self.pyc}), [self.sourceless]
 
     def sourceless_beside_gold(self) -> tuple[str, list[str]]:
         """Only the .pyc (with gold, which changes the .py, the deletion would not apply)."""
-        return binary_diff(self.repo, {self.sourceless: self.pyc}), [self.sourceless]
+        return self.repo.diff({self.sourceless: self.pyc}), [self.sourceless]
 
     def image_pyc_replaced(self, scratch: Path) -> tuple[str, list[str]]:
         """A binary modify section of the image's own pyc (its blob is readable in the workspace)."""
@@ -157,7 +140,7 @@ class Payloads:
         return modify_diff(self.cached, self.image_pyc, self.pyc, scratch), [self.cached]
 
     def native_name(self) -> tuple[str, list[str]]:
-        return binary_diff(self.repo, {self.native: b"\x7fELF not really a shared object\n"}), [self.native]
+        return self.repo.diff({self.native: b"\x7fELF not really a shared object\n"}), [self.native]
 
 
 PAYLOADS = ("unchecked_pycache", "sourceless_module", "native_name")

@@ -176,17 +176,21 @@ class Repo:
     def read(self, path: str) -> str:
         return (self.root / path).read_text()
 
-    def diff(self, writes: dict[str, str | None] | None = None, *, symlinks: dict[str, str] | None = None,
+    def diff(self, writes: dict[str, str | bytes | None] | None = None, *, symlinks: dict[str, str] | None = None,
              executable: tuple[str, ...] = ()) -> str:
-        """A git diff (against the base commit) creating/overwriting/deleting files."""
+        """A git diff (against the base commit, binary sections included) creating/overwriting/deleting
+        files: text, or bytes written as they are."""
         try:
-            for path, text in (writes or {}).items():
+            for path, data in (writes or {}).items():
                 target = self.root / path
-                if text is None:
+                if data is None:
                     target.unlink()
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
+                if isinstance(data, bytes):
+                    target.write_bytes(data)
+                else:
+                    target.write_text(data)
                 if path in executable:
                     target.chmod(0o755)
             for path, dest in (symlinks or {}).items():
