@@ -25,6 +25,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from . import python_archives
 from .base import EnvironmentBuildError
 from .build_errors import step_failed
 from .installer import installer_choice, uv_executable, uv_install_argv
@@ -165,21 +166,47 @@ def uv_python_dir() -> Path:
 
 @cache
 def _uv_python_install(constraint: str) -> str | None:
-    """Ask uv to download an interpreter for ``constraint``; None on success, else why not
-    (asked once per process: offline hosts fail in seconds, and only once)."""
+    """Ask uv to install an interpreter for ``constraint``; None on success, else why not (asked
+    once per process: offline hosts fail in seconds, and only once). With an archive directory
+    (:mod:`.python_archives`), uv installs from it and nowhere else."""
     uv = uv_executable()
     if uv is None:
         return "uv is not installed"
+    directory = python_archives.archives_dir()
+    if directory is not None:
+        return _uv_install_archive(uv, directory, constraint)
     if os.environ.get("UV_PYTHON_DOWNLOADS", "").lower() in ("never", "manual"):
         return f"UV_PYTHON_DOWNLOADS={os.environ['UV_PYTHON_DOWNLOADS']}: not downloading one with uv"
+    return _run_uv_install([uv, "python", "install", constraint], constraint, os.environ)
+
+
+def _uv_install_archive(uv: str, directory: Path, constraint: str) -> str | None:
+    """``uv python install`` of the newest archive in ``directory`` that fits ``constraint``."""
+    wanted = EnvironmentSpec(python=constraint).specifier()
+    archives = python_archives.find_archives(directory)
+    archive = python_archives.pick_archive(wanted, archives)
+    if archive is None:
+        return python_archives.describe(directory)
+    listing = json.dumps(python_archives.downloads_json([archive], lambda a: a.path.resolve().as_uri()))
+    target = cache_dir("python") / f"downloads-{hashlib.sha256(listing.encode()).hexdigest()[:16]}.json"
+    staged = target.with_name(owned_name(target.name + ".tmp"))
+    staged.write_text(listing)
+    os.replace(staged, target)
+    # A local file is no download: allowed whatever UV_PYTHON_DOWNLOADS says of GitHub.
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "manual"}
+    return _run_uv_install([uv, "python", "install", "--python-downloads-json-url", str(target), archive.version],
+                           f"{archive.version} from {archive.path}", env)
+
+
+def _run_uv_install(argv: list[str], what: str, env) -> str | None:
     try:
-        proc = run_checked([uv, "python", "install", constraint], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, timeout=300, stdin=subprocess.DEVNULL)
+        proc = run_checked(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL, env=dict(env))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"uv python install failed: {exc}"
     if proc.returncode != 0:
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-        return f"uv python install {constraint!r} failed: {lines[-1] if lines else proc.returncode}"
+        return f"uv python install {what!r} failed: {lines[-1] if lines else proc.returncode}"
     return None
 
 
@@ -194,22 +221,28 @@ def _fitting(wanted: SpecifierSet) -> list[Interpreter]:
 
 def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
     """The interpreter for ``spec``: this one if it fits, else the newest fitting one on the host
-    (uv's managed interpreters included), else one uv downloads where the host can reach them."""
+    (uv's managed interpreters included), else one uv installs: from ``$PATCHGYM_PYTHON_ARCHIVES``
+    when that is set, else downloaded where the host can reach python-build-standalone."""
     wanted = spec.specifier()
     here = _probe(sys.executable)
     if here is not None and Version(here.version) in wanted:
         return here  # preferred whenever it fits: no need to start every other interpreter to ask
     fitting = _fitting(wanted)
+    why_not = None
     if not fitting and installer_choice() != "pip":
         why_not = _uv_python_install(spec.python.strip() if spec.python.strip()[:1].isdigit() else str(wanted))
+        # Probed again: an archive whose name lies about its version installs an interpreter that
+        # does not fit, and is not taken.
         fitting = _fitting(wanted) if why_not is None else []
-    else:
-        why_not = None
+        if not fitting and why_not is None:
+            why_not = "uv installed an interpreter that does not satisfy it either (an archive misnamed?)"
     if not fitting:
+        archives = python_archives.describe(python_archives.archives_dir())
         raise EnvironmentBuildError(
             f"no Python interpreter on this host satisfies {spec.python!r} "
-            f"(looked at {', '.join(_candidate_executables())}"
-            + (f"; {why_not}" if why_not else "") + "); install one (pyenv, a python3.X package), or use "
+            f"(looked at {', '.join(_candidate_executables())}; {archives}"
+            + (f"; {why_not}" if why_not and why_not != archives else "") + "); install one (pyenv, a python3.X "
+            f"package), put a python-build-standalone archive of it in ${python_archives.ARCHIVES_VAR}, or use "
             "the docker backend, which picks a Debian release whose Python fits"
         )
     return max(fitting, key=lambda i: Version(i.version))

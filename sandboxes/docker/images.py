@@ -48,6 +48,7 @@ writes. Split by layer, a reader would have to follow the keys and labels across
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -62,12 +63,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .. import python_archives
 from ..base import EnvironmentBuildError, SandboxError
 from ..build_errors import step_failed
 from ..environments import EnvironmentSpec
+from ..installer import uv_executable
 from ..lifetime import run_checked
 from ..locks import file_lock
 from ..paths import cache_dir
@@ -106,6 +110,9 @@ PACKAGES_LABEL = "org.patchgym.base-packages"  # what a base image was bootstrap
 MIRROR_LABEL = "org.patchgym.mirror"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 VENV = "/opt/venv"
+PYTHON_ROOT = "/opt/python"  # uv-installed interpreters (from archives) in environment images
+PYTHON_STAGE = "/tmp/patchgym-python"  # uv, the archive and its listing, during that build only
+PYTHON_ARCHIVE_LABEL = "org.patchgym.python-archive"  # the archive an environment's Python came from
 WORKDIR = "/testbed"
 PRISTINE_DIR = "/var/lib/patchgym/testbed"  # the command server's pristine tree (see agent.py)
 INSTANCE_LAYOUT = 3  # part of the instance key: images older than the pristine tree (2), bytecode (3) are rebuilt
@@ -695,9 +702,116 @@ def check_python(spec: EnvironmentSpec, base, release: str) -> str:
     return version
 
 
-def environment_key(spec: EnvironmentSpec, base_id: str) -> str:
-    return _digest({"base": base_id, "python": spec.python, "packages": list(spec.packages),
-                    "pre_install": list(spec.pre_install), "pip": VENV_PIP})
+@dataclass(frozen=True)
+class PythonSource:
+    """Where an environment image's Python comes from: the Debian ``release``'s own python3
+    (``archive`` None), or an archive uv installs on that release (:mod:`sandboxes.python_archives`)."""
+
+    release: str
+    archive: python_archives.PythonArchive | None = None
+
+
+def python_source(spec: EnvironmentSpec, release: str | None = None) -> PythonSource:
+    """The first source in patchgym's chain that gives ``spec`` its Python: a Debian release whose
+    python3 fits (``release`` if given, else :func:`release_for`'s pick), then the newest fitting
+    archive of ``$PATCHGYM_PYTHON_ARCHIVES``, installed by uv on ``release`` (default: the default
+    release). None fits: an :class:`EnvironmentBuildError` naming the constraint and every place looked."""
+    from packaging.version import InvalidVersion, Version
+
+    wanted = spec.specifier()
+    pythons = {**RELEASE_PYTHON, **_base_pythons()}
+    if release is not None:
+        version = pythons.get(release)
+        try:
+            fits = version is None or Version(version) in wanted
+        except InvalidVersion:
+            fits = True
+        if fits:
+            return PythonSource(release)  # an unknown release is checked once its base exists (check_python)
+        debian = (f"Debian {release} provides Python {version}, which does not satisfy the environment's python "
+                  f"{spec.python!r} (--release {release} was asked for)")
+    else:
+        try:
+            return PythonSource(release_for(spec))
+        except EnvironmentBuildError as exc:
+            debian = str(exc).split("; bootstrap one that does")[0]
+    directory = python_archives.archives_dir()
+    archive = python_archives.pick_archive(wanted, python_archives.find_archives(directory)) if directory else None
+    if archive is not None:
+        return PythonSource(release or DEFAULT_RELEASE, archive)
+    raise EnvironmentBuildError(
+        f"{debian}; {python_archives.describe(directory)}. Put a python-build-standalone archive of a fitting "
+        f"CPython (cpython-X.Y.Z+BUILD-{python_archives.machine_arch()}-unknown-linux-gnu-install_only.tar.gz) in "
+        f"${python_archives.ARCHIVES_VAR}, or bootstrap a release whose python3 fits, e.g. patchgym images "
+        "bootstrap --release buster --mirror http://archive.debian.org/debian for Python 3.7, or --release jammy "
+        "--mirror http://archive.ubuntu.com/ubuntu for 3.10 (focal: 3.8; the host needs ubuntu-keyring), or grade "
+        "with --backend local, which uses the host's interpreters (pyenv's included)")
+
+
+def environment_key(spec: EnvironmentSpec, base_id: str,
+                    archive: python_archives.PythonArchive | None = None) -> str:
+    payload = {"base": base_id, "python": spec.python, "packages": list(spec.packages),
+               "pre_install": list(spec.pre_install), "pip": VENV_PIP}
+    if archive is not None:  # Debian's own python3 is part of the base (keys made before archives unchanged)
+        payload["python_archive"] = archive.sha256
+    return _digest(payload)
+
+
+def _python_stage_tar(archive: python_archives.PythonArchive, uv: str) -> tempfile.SpooledTemporaryFile:
+    """A tar of :data:`PYTHON_STAGE`: the host's uv binary, ``archive``, and uv's listing of it."""
+    stage = PYTHON_STAGE.lstrip("/")
+    listing = python_archives.downloads_json([archive], lambda a: f"file://{PYTHON_STAGE}/{a.path.name}")
+    buf = tempfile.SpooledTemporaryFile(max_size=16 << 20, dir=cache_dir("builds"))
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for source, name, mode in ((Path(uv), "uv", 0o755), (archive.path, archive.path.name, 0o644)):
+            info = tar.gettarinfo(str(source), arcname=f"{stage}/{name}")
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mode = mode
+            with source.open("rb") as fh:
+                tar.addfile(info, fh)
+        data = json.dumps(listing).encode()
+        info = tarfile.TarInfo(f"{stage}/downloads.json")
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+def _install_archive_python(box: _BuildContainer, spec: EnvironmentSpec, archive: python_archives.PythonArchive,
+                            progress: Progress) -> str:
+    """Install ``archive`` with uv under :data:`PYTHON_ROOT` in ``box``; return its python3's path,
+    checked to be the version the archive's name promises and to satisfy ``spec``."""
+    from packaging.version import InvalidVersion, Version
+
+    uv = uv_executable()
+    if uv is None:
+        raise EnvironmentBuildError(f"installing Python {archive.version} from {archive.path} needs uv on this host "
+                                    "(pip install uv): its binary is copied into the build")
+    _report(progress, f"installing Python {archive.version} with uv from {archive.path.name}")
+    with _python_stage_tar(archive, uv) as data:
+        box.put_archive("/", data)
+    # A local file is no download (UV_PYTHON_DOWNLOADS=manual allows it); uv trusts the system
+    # store, where the base image has the host's CA certificates, should a listing name https URLs.
+    uv_env = {"UV_PYTHON_DOWNLOADS": "manual", "UV_NO_PROGRESS": "1", "UV_NATIVE_TLS": "1",
+              "UV_CACHE_DIR": f"{PYTHON_STAGE}/cache", "UV_PYTHON_INSTALL_DIR": PYTHON_ROOT}
+    box.run([f"{PYTHON_STAGE}/uv", "python", "install", "--python-downloads-json-url",
+             f"{PYTHON_STAGE}/downloads.json", "--no-bin", archive.version],
+            what=f"installing Python {archive.version} from {archive.path.name}", env=uv_env)
+    box.run(["rm", "-rf", PYTHON_STAGE], what=f"removing {PYTHON_STAGE}")
+    python = f"{PYTHON_ROOT}/{archive.key}/bin/python3"
+    code, output = box.run_capture([python, "-c", "import sys, venv, ensurepip; print(sys.version.split()[0])"])
+    version = output.strip().splitlines()[-1] if code == 0 and output.strip() else ""
+    try:
+        fits = Version(version) == Version(archive.version) and Version(version) in spec.specifier()
+    except InvalidVersion:
+        fits = False
+    if not fits:
+        raise EnvironmentBuildError(
+            f"the archive {archive.path} (named for Python {archive.version}) installed an interpreter that "
+            f"{'reports ' + version if version else 'does not run: ' + output.strip()[-400:]}; the environment's "
+            f"python is {spec.python!r}")
+    return python
 
 
 @contextmanager
@@ -727,19 +841,23 @@ def _build_once(tag: str, key: str, image: str, header: str, summary: str,
 
 def environment_image(spec: EnvironmentSpec, *, release: str | None = None, progress: Progress = None) -> str:
     """The ``patchgym/env:<hash>`` image for ``spec`` (built once if missing) on ``release``, or on the
-    release :func:`release_for` picks; return its tag."""
-    release = release_for(spec, release)
+    release :func:`python_source` picks; its Python from the release or an archive. Return its tag."""
+    source = python_source(spec, release)
+    release, archive = source.release, source.archive
     base = ensure_base(release, progress)
-    check_python(spec, base, release)
-    key = environment_key(spec, base.id)
+    if archive is None:
+        check_python(spec, base, release)
+    key = environment_key(spec, base.id, archive)
     tag = f"{ENV_REPO}:{key}"
-    summary = f"python {spec.python}; {', '.join(spec.packages) or 'no packages'}"
+    summary = (f"python {spec.python}{f' ({archive.path.name})' if archive else ''}; "
+               f"{', '.join(spec.packages) or 'no packages'}")
     with _build_once(tag, key, base.id, f"# {tag} from {base_tag(release)} ({base.id})\n", summary,
                      progress) as box:
         if box is None:
             return tag
+        python = _install_archive_python(box, spec, archive, progress) if archive else "python3"
         _report(progress, f"creating {VENV}")
-        box.run(["python3", "-m", "venv", VENV], what="creating the venv")
+        box.run([python, "-m", "venv", VENV], what="creating the venv")
         box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
                  "--upgrade", VENV_PIP], what="upgrading pip in the venv", env=_venv_environ())
         for i, command in enumerate(spec.pre_install, 1):
@@ -750,8 +868,10 @@ def environment_image(spec: EnvironmentSpec, *, release: str | None = None, prog
             box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
                      *spec.packages], what="pip install", env=_venv_environ())
         _report(progress, f"committing {tag}")
+        labels = ([f"LABEL {PYTHON_LABEL}={archive.version}", f"LABEL {PYTHON_ARCHIVE_LABEL}={archive.path.name}"]
+                  if archive else [])
         box.commit(ENV_REPO, key, kind="env",
-                   changes=[f"ENV VIRTUAL_ENV={VENV}", f"ENV PATH={VENV}/bin:{SYSTEM_PATH}"])
+                   changes=[f"ENV VIRTUAL_ENV={VENV}", f"ENV PATH={VENV}/bin:{SYSTEM_PATH}", *labels])
     return tag
 
 
@@ -879,5 +999,6 @@ def prune_images(kinds: Iterable[str] = ("instance", "env"), *, dry_run: bool = 
 
 __all__ = [
     "BASE_REPO", "ENV_REPO", "INSTANCE_REPO", "RELEASES", "base_tag", "bootstrap_base", "build_environ",
-    "environment_image", "host_mirror", "instance_image", "list_images", "prune_images", "release_for",
+    "environment_image", "host_mirror", "instance_image", "list_images", "prune_images", "python_source",
+    "release_for",
 ]
