@@ -25,7 +25,7 @@ ORIGIN_LIB = b"$ORIGIN/../lib"
 
 
 def _ignore(directory: str, names: list[str]) -> set[str]:
-    skipped = {n for n in names if n in SKIPPED}
+    skipped = {n for n in names if n in SKIPPED or n.endswith(".a")}  # static libpython: 40 MB unused
     if os.path.basename(directory) == "site-packages":
         skipped |= set(names)  # the host's packages (patchgym among them) stay out
     return skipped

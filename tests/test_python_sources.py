@@ -147,3 +147,35 @@ def test_local_backend_installs_an_archive_with_uv_and_refuses_a_misnamed_one(ho
             environments.find_interpreter(EnvironmentSpec(python=f"=={lie}"))
     finally:
         environments._uv_python_install.cache_clear()
+
+
+@pytest.mark.slow
+def test_docker_environment_gets_its_python_from_the_archive_directory(host_archive, docker_base, monkeypatch):
+    """A constraint no Debian release meets (the running CPython's exact version) is built on the
+    default release with that archive, installed by uv in the build: the venv runs it."""
+    from sandboxes.docker import images
+    from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, docker_client
+
+    directory, version = host_archive
+    if version in images.RELEASE_PYTHON.values():
+        pytest.skip(f"Debian ships Python {version} itself: the archive would not be needed")
+    monkeypatch.setenv("PATCHGYM_PYTHON_ARCHIVES", str(directory))
+    messages: list[str] = []
+    tag = images.environment_image(EnvironmentSpec(python=f"=={version}"), progress=messages.append)
+    client = docker_client()
+    try:
+        image = client.images.get(tag)
+        assert image.labels[images.PYTHON_LABEL] == version
+        assert image.labels[images.PYTHON_ARCHIVE_LABEL].startswith(f"cpython-{version}+")
+        assert any(m.startswith(f"installing Python {version} with uv") for m in messages), messages
+        script = ("import sys, json, os; print(json.dumps([sys.version.split()[0], sys.base_prefix, sys.prefix, "
+                  f"os.path.exists({images.PYTHON_STAGE!r})]))")
+        out = client.containers.run(tag, ["python", "-c", script], remove=True, network_mode="none",
+                                    labels={MANAGED_LABEL: "1", KIND_LABEL: "build"}).decode()
+        assert json.loads(out) == [version, f"{images.PYTHON_ROOT}/cpython-{version}-linux-{ARCH}-gnu",
+                                   images.VENV, False], "the venv runs the archive's CPython; uv and the archive are gone"
+        again: list[str] = []
+        assert images.environment_image(EnvironmentSpec(python=f"=={version}"), progress=again.append) == tag
+        assert again == [], "built once"
+    finally:
+        client.images.remove(tag)  # its key holds the archive's hash: made by this run only
