@@ -78,10 +78,26 @@ def test_docker_chain_debian_first_then_archives_else_every_place_named(tmp_path
     assert f"archives in $PATCHGYM_PYTHON_ARCHIVES={tmp_path}: 3.7.17, 3.12.4" in message, "the archives looked at"
     assert "--backend local" in message and "install_only.tar.gz" in message, "what to do"
 
+    assert "UV_PYTHON_INSTALL_MIRROR is not set" in message
+
     monkeypatch.delenv("PATCHGYM_PYTHON_ARCHIVES")
     with pytest.raises(EnvironmentBuildError, match=r"bookworm provides Python 3\.11\.2.*'==3\.12'.*"
                                                     r"\$PATCHGYM_PYTHON_ARCHIVES is not set"):
         images.python_source(EnvironmentSpec(python="==3.12"), "bookworm")
+
+    # Last, a python-build-standalone mirror the build downloads from (uv checks its archives'
+    # hashes); a file:// one is the host's, which a build cannot see.
+    monkeypatch.setenv("UV_PYTHON_INSTALL_MIRROR", "file:///srv/pbs")
+    with pytest.raises(EnvironmentBuildError, match="UV_PYTHON_INSTALL_MIRROR=file:///srv/pbs is not an http"):
+        images.python_source(EnvironmentSpec(python="3.6"))
+    monkeypatch.setenv("UV_PYTHON_INSTALL_MIRROR", "https://user:secret@pbs.internal:8443/releases/download/")
+    source = images.python_source(EnvironmentSpec(python="3.6"))
+    assert (source.release, source.archive, source.mirror) == (
+        "bookworm", None, "https://user:secret@pbs.internal:8443/releases/download")
+    assert source.describe() == "https://pbs.internal:8443/releases/download", "no credentials in labels or logs"
+    keys = {images.environment_key(EnvironmentSpec(python="3.6"), "sha256:b", s) for s in
+            (None, source, images.PythonSource("bookworm", mirror="https://other.internal"))}
+    assert len(keys) == 3, "an environment's key holds where its Python came from"
 
 
 def test_local_chain_names_the_archive_directory_when_nothing_fits(tmp_path, monkeypatch):
@@ -166,7 +182,7 @@ def test_docker_environment_gets_its_python_from_the_archive_directory(host_arch
     try:
         image = client.images.get(tag)
         assert image.labels[images.PYTHON_LABEL] == version
-        assert image.labels[images.PYTHON_ARCHIVE_LABEL].startswith(f"cpython-{version}+")
+        assert image.labels[images.PYTHON_SOURCE_LABEL].startswith(f"cpython-{version}+")
         assert any(m.startswith(f"installing Python {version} with uv") for m in messages), messages
         script = ("import sys, json, os; print(json.dumps([sys.version.split()[0], sys.base_prefix, sys.prefix, "
                   f"os.path.exists({images.PYTHON_STAGE!r})]))")

@@ -112,7 +112,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 VENV = "/opt/venv"
 PYTHON_ROOT = "/opt/python"  # uv-installed interpreters (from archives) in environment images
 PYTHON_STAGE = "/tmp/patchgym-python"  # uv, the archive and its listing, during that build only
-PYTHON_ARCHIVE_LABEL = "org.patchgym.python-archive"  # the archive an environment's Python came from
+PYTHON_SOURCE_LABEL = "org.patchgym.python-source"  # the archive or mirror an environment's Python came from
 WORKDIR = "/testbed"
 PRISTINE_DIR = "/var/lib/patchgym/testbed"  # the command server's pristine tree (see agent.py)
 INSTANCE_LAYOUT = 3  # part of the instance key: images older than the pristine tree (2), bytecode (3) are rebuilt
@@ -704,18 +704,33 @@ def check_python(spec: EnvironmentSpec, base, release: str) -> str:
 
 @dataclass(frozen=True)
 class PythonSource:
-    """Where an environment image's Python comes from: the Debian ``release``'s own python3
-    (``archive`` None), or an archive uv installs on that release (:mod:`sandboxes.python_archives`)."""
+    """Where an environment image's Python comes from: the Debian ``release``'s own python3, or
+    one uv installs on that release, from an ``archive`` (:mod:`sandboxes.python_archives`) or
+    downloaded from a python-build-standalone ``mirror`` (``$UV_PYTHON_INSTALL_MIRROR``)."""
 
     release: str
     archive: python_archives.PythonArchive | None = None
+    mirror: str | None = None
+
+    def describe(self) -> str:
+        """The archive's file name, the mirror's URL without credentials, or the release."""
+        if self.archive is not None:
+            return self.archive.path.name
+        if self.mirror is not None:
+            from urllib.parse import urlsplit
+
+            url = urlsplit(self.mirror)
+            return url._replace(netloc=url.hostname + (f":{url.port}" if url.port else "")).geturl()
+        return f"Debian {self.release}"
 
 
 def python_source(spec: EnvironmentSpec, release: str | None = None) -> PythonSource:
     """The first source in patchgym's chain that gives ``spec`` its Python: a Debian release whose
     python3 fits (``release`` if given, else :func:`release_for`'s pick), then the newest fitting
-    archive of ``$PATCHGYM_PYTHON_ARCHIVES``, installed by uv on ``release`` (default: the default
-    release). None fits: an :class:`EnvironmentBuildError` naming the constraint and every place looked."""
+    archive of ``$PATCHGYM_PYTHON_ARCHIVES``, then ``$UV_PYTHON_INSTALL_MIRROR`` (an http(s)
+    mirror of python-build-standalone's releases); the last two installed by uv on ``release``
+    (default: the default release). None fits: an :class:`EnvironmentBuildError` naming the
+    constraint and every place looked."""
     from packaging.version import InvalidVersion, Version
 
     wanted = spec.specifier()
@@ -739,79 +754,105 @@ def python_source(spec: EnvironmentSpec, release: str | None = None) -> PythonSo
     archive = python_archives.pick_archive(wanted, python_archives.find_archives(directory)) if directory else None
     if archive is not None:
         return PythonSource(release or DEFAULT_RELEASE, archive)
+    mirror = os.environ.get("UV_PYTHON_INSTALL_MIRROR", "").strip()
+    if mirror.startswith(("http://", "https://")):
+        return PythonSource(release or DEFAULT_RELEASE, mirror=mirror.rstrip("/"))
+    mirror_said = (f"UV_PYTHON_INSTALL_MIRROR={mirror} is not an http(s) URL a build can reach" if mirror
+                   else "UV_PYTHON_INSTALL_MIRROR is not set")
     raise EnvironmentBuildError(
-        f"{debian}; {python_archives.describe(directory)}. Put a python-build-standalone archive of a fitting "
-        f"CPython (cpython-X.Y.Z+BUILD-{python_archives.machine_arch()}-unknown-linux-gnu-install_only.tar.gz) in "
-        f"${python_archives.ARCHIVES_VAR}, or bootstrap a release whose python3 fits, e.g. patchgym images "
-        "bootstrap --release buster --mirror http://archive.debian.org/debian for Python 3.7, or --release jammy "
-        "--mirror http://archive.ubuntu.com/ubuntu for 3.10 (focal: 3.8; the host needs ubuntu-keyring), or grade "
-        "with --backend local, which uses the host's interpreters (pyenv's included)")
+        f"{debian}; {python_archives.describe(directory)}; {mirror_said}. Put a python-build-standalone archive of "
+        f"a fitting CPython (cpython-X.Y.Z+BUILD-{python_archives.machine_arch()}-unknown-linux-gnu-install_only"
+        f".tar.gz) in ${python_archives.ARCHIVES_VAR}, or bootstrap a release whose python3 fits, e.g. patchgym "
+        "images bootstrap --release buster --mirror http://archive.debian.org/debian for Python 3.7, or --release "
+        "jammy --mirror http://archive.ubuntu.com/ubuntu for 3.10 (focal: 3.8; the host needs ubuntu-keyring), or "
+        "grade with --backend local, which uses the host's interpreters (pyenv's included)")
 
 
-def environment_key(spec: EnvironmentSpec, base_id: str,
-                    archive: python_archives.PythonArchive | None = None) -> str:
+def environment_key(spec: EnvironmentSpec, base_id: str, source: PythonSource | None = None) -> str:
     payload = {"base": base_id, "python": spec.python, "packages": list(spec.packages),
                "pre_install": list(spec.pre_install), "pip": VENV_PIP}
-    if archive is not None:  # Debian's own python3 is part of the base (keys made before archives unchanged)
-        payload["python_archive"] = archive.sha256
+    # Debian's own python3 is part of the base: keys made before other sources existed stay the same.
+    if source is not None and source.archive is not None:
+        payload["python_archive"] = source.archive.sha256
+    elif source is not None and source.mirror is not None:
+        payload["python_mirror"] = source.mirror
     return _digest(payload)
 
 
-def _python_stage_tar(archive: python_archives.PythonArchive, uv: str) -> tempfile.SpooledTemporaryFile:
-    """A tar of :data:`PYTHON_STAGE`: the host's uv binary, ``archive``, and uv's listing of it."""
+def _python_stage_tar(uv: str, archive: python_archives.PythonArchive | None) -> tempfile.SpooledTemporaryFile:
+    """A tar of :data:`PYTHON_STAGE`: the host's uv binary, and ``archive`` with uv's listing of it."""
     stage = PYTHON_STAGE.lstrip("/")
-    listing = python_archives.downloads_json([archive], lambda a: f"file://{PYTHON_STAGE}/{a.path.name}")
     buf = tempfile.SpooledTemporaryFile(max_size=16 << 20, dir=cache_dir("builds"))
+    files = [(Path(uv), "uv", 0o755)] + ([(archive.path, archive.path.name, 0o644)] if archive else [])
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for source, name, mode in ((Path(uv), "uv", 0o755), (archive.path, archive.path.name, 0o644)):
+        for source, name, mode in files:
             info = tar.gettarinfo(str(source), arcname=f"{stage}/{name}")
             info.uid = info.gid = 0
             info.uname = info.gname = "root"
             info.mode = mode
             with source.open("rb") as fh:
                 tar.addfile(info, fh)
-        data = json.dumps(listing).encode()
-        info = tarfile.TarInfo(f"{stage}/downloads.json")
-        info.size, info.mode = len(data), 0o644
-        tar.addfile(info, io.BytesIO(data))
+        if archive is not None:
+            listing = python_archives.downloads_json([archive], lambda a: f"file://{PYTHON_STAGE}/{a.path.name}")
+            data = json.dumps(listing).encode()
+            info = tarfile.TarInfo(f"{stage}/downloads.json")
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
     return buf
 
 
-def _install_archive_python(box: _BuildContainer, spec: EnvironmentSpec, archive: python_archives.PythonArchive,
-                            progress: Progress) -> str:
-    """Install ``archive`` with uv under :data:`PYTHON_ROOT` in ``box``; return its python3's path,
-    checked to be the version the archive's name promises and to satisfy ``spec``."""
+def _install_uv_python(box: _BuildContainer, spec: EnvironmentSpec, source: PythonSource,
+                       progress: Progress) -> tuple[str, str]:
+    """Install ``source``'s Python with uv under :data:`PYTHON_ROOT` in ``box``; return its python3's
+    path and version, checked to satisfy ``spec`` (and, from an archive, to be the version its
+    name promises)."""
+    import shlex
+
     from packaging.version import InvalidVersion, Version
 
+    archive = source.archive
     uv = uv_executable()
     if uv is None:
-        raise EnvironmentBuildError(f"installing Python {archive.version} from {archive.path} needs uv on this host "
+        raise EnvironmentBuildError(f"installing Python from {source.describe()} needs uv on this host "
                                     "(pip install uv): its binary is copied into the build")
-    _report(progress, f"installing Python {archive.version} with uv from {archive.path.name}")
-    with _python_stage_tar(archive, uv) as data:
+    request = archive.version if archive else (spec.python.strip() if spec.python.strip()[:1].isdigit()
+                                               else str(spec.specifier()))
+    _report(progress, f"installing Python {request} with uv from {source.describe()}")
+    with _python_stage_tar(uv, archive) as data:
         box.put_archive("/", data)
-    # A local file is no download (UV_PYTHON_DOWNLOADS=manual allows it); uv trusts the system
-    # store, where the base image has the host's CA certificates, should a listing name https URLs.
+    # A local file is no download (UV_PYTHON_DOWNLOADS=manual allows it, and an explicit install);
+    # uv trusts the system store, where the base image has the host's CA certificates.
     uv_env = {"UV_PYTHON_DOWNLOADS": "manual", "UV_NO_PROGRESS": "1", "UV_NATIVE_TLS": "1",
               "UV_CACHE_DIR": f"{PYTHON_STAGE}/cache", "UV_PYTHON_INSTALL_DIR": PYTHON_ROOT}
-    box.run([f"{PYTHON_STAGE}/uv", "python", "install", "--python-downloads-json-url",
-             f"{PYTHON_STAGE}/downloads.json", "--no-bin", archive.version],
-            what=f"installing Python {archive.version} from {archive.path.name}", env=uv_env)
+    # The mirror goes in the environment, not the logged command line: its URL may hold credentials.
+    where = ["--python-downloads-json-url", f"{PYTHON_STAGE}/downloads.json"] if archive else []
+    if source.mirror is not None:
+        uv_env["UV_PYTHON_INSTALL_MIRROR"] = source.mirror
+    box.run([f"{PYTHON_STAGE}/uv", "python", "install", *where, "--no-bin", request],
+            what=f"installing Python {request} from {source.describe()}", env=uv_env)
+    if archive is not None:
+        python = f"{PYTHON_ROOT}/{archive.key}/bin/python3"
+    else:
+        find = (f"UV_PYTHON_INSTALL_DIR={PYTHON_ROOT} UV_PYTHON_DOWNLOADS=never {PYTHON_STAGE}/uv python find "
+                f"--managed-python {shlex.quote(request)}")
+        code, output = box.run_capture([find], shell_args=True)
+        python = output.strip().splitlines()[-1] if code == 0 and output.strip() else f"{PYTHON_ROOT}/(not found)"
     box.run(["rm", "-rf", PYTHON_STAGE], what=f"removing {PYTHON_STAGE}")
-    python = f"{PYTHON_ROOT}/{archive.key}/bin/python3"
     code, output = box.run_capture([python, "-c", "import sys, venv, ensurepip; print(sys.version.split()[0])"])
     version = output.strip().splitlines()[-1] if code == 0 and output.strip() else ""
     try:
-        fits = Version(version) == Version(archive.version) and Version(version) in spec.specifier()
+        fits = Version(version) in spec.specifier()
+        fits = fits and (archive is None or Version(version) == Version(archive.version))
     except InvalidVersion:
         fits = False
     if not fits:
+        named = f" (named for Python {archive.version})" if archive else ""
         raise EnvironmentBuildError(
-            f"the archive {archive.path} (named for Python {archive.version}) installed an interpreter that "
+            f"uv installed from {source.describe()}{named} an interpreter that "
             f"{'reports ' + version if version else 'does not run: ' + output.strip()[-400:]}; the environment's "
             f"python is {spec.python!r}")
-    return python
+    return python, version
 
 
 @contextmanager
@@ -843,19 +884,19 @@ def environment_image(spec: EnvironmentSpec, *, release: str | None = None, prog
     """The ``patchgym/env:<hash>`` image for ``spec`` (built once if missing) on ``release``, or on the
     release :func:`python_source` picks; its Python from the release or an archive. Return its tag."""
     source = python_source(spec, release)
-    release, archive = source.release, source.archive
+    release, debian = source.release, source.archive is None and source.mirror is None
     base = ensure_base(release, progress)
-    if archive is None:
+    if debian:
         check_python(spec, base, release)
-    key = environment_key(spec, base.id, archive)
+    key = environment_key(spec, base.id, source)
     tag = f"{ENV_REPO}:{key}"
-    summary = (f"python {spec.python}{f' ({archive.path.name})' if archive else ''}; "
+    summary = (f"python {spec.python}{'' if debian else f' ({source.describe()})'}; "
                f"{', '.join(spec.packages) or 'no packages'}")
     with _build_once(tag, key, base.id, f"# {tag} from {base_tag(release)} ({base.id})\n", summary,
                      progress) as box:
         if box is None:
             return tag
-        python = _install_archive_python(box, spec, archive, progress) if archive else "python3"
+        python, version = ("python3", "") if debian else _install_uv_python(box, spec, source, progress)
         _report(progress, f"creating {VENV}")
         box.run([python, "-m", "venv", VENV], what="creating the venv")
         box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
@@ -868,8 +909,9 @@ def environment_image(spec: EnvironmentSpec, *, release: str | None = None, prog
             box.run([f"{VENV}/bin/python", "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
                      *spec.packages], what="pip install", env=_venv_environ())
         _report(progress, f"committing {tag}")
-        labels = ([f"LABEL {PYTHON_LABEL}={archive.version}", f"LABEL {PYTHON_ARCHIVE_LABEL}={archive.path.name}"]
-                  if archive else [])
+        # The base's label names Debian's python3; an environment with its own says which it runs.
+        labels = [] if debian else [f"LABEL {PYTHON_LABEL}={version}",
+                                    f"LABEL {PYTHON_SOURCE_LABEL}={source.describe()}"]
         box.commit(ENV_REPO, key, kind="env",
                    changes=[f"ENV VIRTUAL_ENV={VENV}", f"ENV PATH={VENV}/bin:{SYSTEM_PATH}", *labels])
     return tag
