@@ -822,8 +822,9 @@ def _install_uv_python(box: _BuildContainer, spec: EnvironmentSpec, source: Pyth
     with _python_stage_tar(uv, archive) as data:
         box.put_archive("/", data)
     # A local file is no download (UV_PYTHON_DOWNLOADS=manual allows it, and an explicit install);
-    # uv trusts the system store, where the base image has the host's CA certificates.
-    uv_env = {"UV_PYTHON_DOWNLOADS": "manual", "UV_NO_PROGRESS": "1", "UV_NATIVE_TLS": "1",
+    # uv trusts the system store, where the base image has the host's CA certificates
+    # (UV_SYSTEM_CERTS; UV_NATIVE_TLS for uv before 0.13, deprecated since: a warning in the log).
+    uv_env = {"UV_PYTHON_DOWNLOADS": "manual", "UV_NO_PROGRESS": "1", "UV_SYSTEM_CERTS": "1", "UV_NATIVE_TLS": "1",
               "UV_CACHE_DIR": f"{PYTHON_STAGE}/cache", "UV_PYTHON_INSTALL_DIR": PYTHON_ROOT}
     # The mirror goes in the environment, not the logged command line: its URL may hold credentials.
     where = ["--python-downloads-json-url", f"{PYTHON_STAGE}/downloads.json"] if archive else []
