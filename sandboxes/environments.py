@@ -229,7 +229,7 @@ def find_interpreter(spec: EnvironmentSpec) -> Interpreter:
         return here  # preferred whenever it fits: no need to start every other interpreter to ask
     fitting = _fitting(wanted)
     why_not = None
-    if not fitting and installer_choice() != "pip":
+    if not fitting and (installer_choice() != "pip" or python_archives.archives_dir() is not None):
         why_not = _uv_python_install(spec.python.strip() if spec.python.strip()[:1].isdigit() else str(wanted))
         # Probed again: an archive whose name lies about its version installs an interpreter that
         # does not fit, and is not taken.
