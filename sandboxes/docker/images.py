@@ -21,7 +21,9 @@
     The base plus a venv at ``/opt/venv`` with an :class:`~sandboxes.environments.EnvironmentSpec`'s
     ``pre_install`` steps and ``packages`` (pip, from the host's index: every ``PIP_*`` and proxy
     variable of the host is passed in). Keyed by the base image id and the spec, so every task that
-    shares a spec shares the image.
+    shares a spec shares the image. The venv's Python is the release's python3, or, where no release
+    has a fitting one, a CPython uv installs under ``/opt/python`` from ``$PATCHGYM_PYTHON_ARCHIVES``
+    or ``$UV_PYTHON_INSTALL_MIRROR`` (:func:`python_source`; the key then holds which).
 
 ``patchgym/instance:<hash>``
     The environment plus the repository at ``base_commit`` in ``/testbed`` — a pristine checkout with
@@ -39,7 +41,7 @@ carry ``org.patchgym.kind=build`` and are always removed; every image carries
 ``org.patchgym.managed=1`` and its kind, and :func:`prune_images` never touches anything else.
 ``progress`` callbacks are called only for work actually done (a cached image reports nothing).
 
-One file (about 860 lines): the three layers are one chain, each image keyed by the one below it
+One file (about 1000 lines): the three layers are one chain, each image keyed by the one below it
 (base id -> environment key -> instance key), built under the same mutex, build container, labels
 and clean-up rules; :func:`prune_images` and :func:`list_images` read the labels every builder
 writes. Split by layer, a reader would have to follow the keys and labels across files.
