@@ -155,9 +155,10 @@ def test_local_backend_installs_an_archive_with_uv_and_refuses_a_misnamed_one(ho
     monkeypatch.setattr(environments, "_candidate_executables",
                         lambda: [exe for exe in every() if exe.startswith(str(tmp_path))])
     lie = ".".join(version.split(".")[:2]) + ".99"
-    (directory / "misnamed").mkdir(exist_ok=True)
-    (directory / "misnamed" / f"cpython-{lie}+20260101-{ARCH}-unknown-linux-gnu-install_only.tar.gz").symlink_to(
+    (tmp_path / "misnamed").mkdir()
+    (tmp_path / "misnamed" / f"cpython-{lie}+20260101-{ARCH}-unknown-linux-gnu-install_only.tar.gz").symlink_to(
         next(directory.glob("cpython-*.tar.gz")))
+    monkeypatch.setenv("PATCHGYM_PYTHON_ARCHIVES", str(tmp_path / "misnamed"))
     try:
         with pytest.raises(EnvironmentBuildError, match=f"satisfies '=={lie}'.*does not satisfy it either"):
             environments.find_interpreter(EnvironmentSpec(python=f"=={lie}"))
