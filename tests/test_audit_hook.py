@@ -30,7 +30,12 @@ ATTACKS = {
     "gc walk": ("import gc\n_found = gc.get_objects()\n", "gc.get_objects"),
     "gc referrers": ("import gc, sys\ngc.get_referrers(sys.modules)\n", "gc.get_referrers"),
     "profile hook": ("import sys\nsys.setprofile(lambda *a: None)\nsys.setprofile(None)\n", "sys.setprofile"),
-    "trace hook": ("import sys\nsys.settrace(None)\n", "sys.settrace"),
+    "trace hook": ("import sys\nsys.settrace(lambda *a: None)\n", "sys.settrace"),
+    "profile hook left in place": ("import sys\nsys.setprofile(lambda *a: None)\n", "sys.setprofile"),
+    "profile hook of a callable class": ("import sys\nclass P:\n    def __call__(self, *a):\n        return None\n"
+                                         "sys.setprofile(P())\n", "sys.setprofile"),
+    "profile hook swapped for cProfile": ("import sys, cProfile\nsys.setprofile(lambda *a: None)\n"
+                                          "cProfile.Profile().enable()\n", "sys.setprofile"),
     "frames of the runner by depth": ("import sys\ni = 0\nwhile '_pytest' not in sys._getframe(i).f_code.co_filename:"
                                       "\n    i += 1\n", "sys._getframe"),
     "every thread's frames": ("import sys\nsys._current_frames()\n", "sys._current_frames"),
@@ -66,6 +71,10 @@ CONTROLS = {
     "temporary files": "import tempfile\nwith tempfile.TemporaryFile() as fh:\n    fh.write(b'x')\n",
     "ctypes imported": "import ctypes\n",
     "gc collected": "import gc\ngc.collect()\ngc.disable()\ngc.enable()\n",
+    # sqlfluff's CLI starts cProfile for --profiler, and its tests run that option.
+    "cProfile started and stopped": "import cProfile\n_p = cProfile.Profile()\n_p.enable()\nsum(range(9))\n_p.disable()\n",
+    "cProfile left running": "import cProfile\n_q = cProfile.Profile()\n_q.enable()\n",
+    "trace function cleared": "import sys\nsys.settrace(None)\nsys.setprofile(None)\n",
 }
 
 

@@ -20,7 +20,14 @@ editable) or anywhere else is not. Events watched (the list comes from the attac
 
 * ``gc.get_objects``, ``gc.get_referrers``, ``gc.get_referents``: how a forger finds pytest's
   ``Config``, session or items;
-* ``sys.setprofile``, ``sys.settrace``, ``sys._current_frames``, and ``sys._getframe`` when the
+* ``sys.setprofile`` and ``sys.settrace`` when what they install is a Python function (it would be
+  handed every frame, the runner's included): the event does not say what is installed, so an
+  untrusted caller's event is noted and judged at the next watched event and before every result
+  record, by what ``sys.getprofile()``/``sys.gettrace()`` then hold. A profiler written in C
+  (``cProfile``, which real command-line tools start for a ``--profiler`` option: sqlfluff's does,
+  under its tests) hands Python code no frame and is allowed. Profiling every thread at once
+  (``sys._setprofileallthreads``, 3.12) is caught as it happens;
+* ``sys._current_frames``, and ``sys._getframe`` when the
   frame it returns is one of the runner's or of the import machinery's (whose locals hold pytest's
   import hook, and through it the ``Config``, while pytest imports a test module) — from Python
   3.11: before it, the event names the caller's frame, not the one returned;
@@ -56,10 +63,12 @@ import sysconfig
 import threading
 import time
 import traceback
+import types
 
 WATCHED = frozenset({
     "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-    "sys.setprofile", "sys.settrace", "sys._current_frames", "sys._getframe",
+    "sys.setprofile", "sys.settrace", "sys._setprofileallthreads", "sys._settraceallthreads",
+    "sys._current_frames", "sys._getframe",
     "object.__setattr__", "open",
     "ctypes.addressof", "ctypes.cdata", "ctypes.string_at", "ctypes.wstring_at", "ctypes.dlsym",
     "ctypes.call_function", "ctypes.cdata/buffer",
@@ -74,6 +83,8 @@ HARNESS_MARK = ".patchgym-"
 RUNTIME_MARK = ".patchgym-rt-"  # testrun.run_tests's name for the runtime's directory
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 TAMPERED_EXIT = 70
+# Installing these is judged by what was installed (see the docstring), not when it is asked for.
+HOOK_EVENTS = {"sys.setprofile": sys.getprofile, "sys.settrace": sys.gettrace}
 RUNNER_PREFIXES = ("_pytest", "pytest", "pluggy", "patchgym")
 
 
@@ -146,6 +157,21 @@ class Policy:
         self.pid = os.getpid()
         self.started = time.time()
         self._verdicts = {}  # filename -> trusted
+        self.pending = {}  # event -> (file, line) of an untrusted sys.setprofile/settrace to judge
+
+    def note_hook(self, event, filename, line):
+        """An untrusted caller installs a profile or trace function: judged by :meth:`check_pending`."""
+        self.pending.setdefault(event, (filename, line))
+
+    def check_pending(self):
+        """End the run as tampering if a profile or trace function an untrusted caller installed is
+        Python code; forget the note otherwise (nothing, or a profiler written in C)."""
+        while self.pending:
+            event, (filename, line) = self.pending.popitem()
+            installed = HOOK_EVENTS[event]()
+            if _python_callable(installed):
+                name = getattr(installed, "__qualname__", type(installed).__name__)
+                _tampered(self, f"{event}({name})", (), filename, line)
 
     def trust_loaded_modules(self):
         """Trust the files of every module loaded so far: the runner, imported before the repository
@@ -279,6 +305,18 @@ class Policy:
         return True
 
 
+def _python_callable(obj):
+    """Whether calling ``obj`` runs Python code: a function, a method, or an instance of a class
+    whose ``__call__`` is one (C profilers and tracers are neither)."""
+    if obj is None:
+        return False
+    if isinstance(obj, (types.FunctionType, types.MethodType)):
+        return True
+    call = vars(type(obj)).get("__call__") or next(
+        (vars(klass)["__call__"] for klass in type(obj).__mro__ if "__call__" in vars(klass)), None)
+    return isinstance(call, types.FunctionType) or isinstance(getattr(obj, "func", None), types.FunctionType)
+
+
 _state = threading.local()
 
 
@@ -294,6 +332,8 @@ def install(policy):
             return
         state.busy = True
         try:
+            if policy.pending:
+                policy.check_pending()
             if not policy.suspect(event, args):
                 return
             frame = policy.caller(getframe(1))
@@ -301,6 +341,9 @@ def install(policy):
             if frame is not None and policy.trusted(filename):
                 return
             line = frame.f_lineno if frame is not None else 0
+            if event in HOOK_EVENTS:
+                policy.note_hook(event, filename, line)
+                return
             _tampered(policy, event, args, filename, line)
         except BaseException:
             say("patchgym-runtime: the audit hook failed:\n" + format_exc())
@@ -323,6 +366,7 @@ def _describe(event, args):
 
 def _tampered(policy, event, args, filename, line):
     what = _describe(event, args)
+    policy.pending.clear()
     policy.say(f"patchgym-runtime: tampering: {what} from {filename}:{line}\n")
     try:
         policy.report(event="tampering", audit=what, file=filename, line=line)

@@ -204,6 +204,7 @@ def _guard(reporter, results, args):
     policy = audit.Policy(WORKSPACE, _hidden_test_files(args), HERE, reporter.record,
                           results_fd=getattr(reporter, "fd", None), harness_files=[results, *junit])
     audit.install(policy)
+    reporter.before_write = policy.check_pending
     return policy
 
 

@@ -56,9 +56,13 @@ class Reporter:
         self.function_raised = set()
         self.calls = Calls()
         self.trusted = set()
+        # Called before every record (the audit hook judges what it noted: audit.Policy.check_pending).
+        self.before_write = None
         self._write(event="start", pid=os.getpid())
 
     def _write(self, **record):
+        if self.before_write is not None:
+            self.before_write()
         data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
         while data:
             data = data[os.write(self.fd, data):]
