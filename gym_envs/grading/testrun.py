@@ -107,7 +107,8 @@ def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
 
 
 def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
-              files: Sequence[str] = (), harness: HarnessFiles | None = None) -> TestRun:
+              files: Sequence[str] = (), harness: HarnessFiles | None = None,
+              known_passing: Sequence[str] = (), canary_seed: int | None = None) -> TestRun:
     """Run ``tests`` (node ids or paths; the whole suite when empty) with ``spec``'s command.
 
     pytest is started by patchgym's runtime (:mod:`.pytest_runtime`) so that nothing in the
@@ -117,7 +118,9 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     fails those checks has ``tampering`` set. ``harness``: the files a grader placed before the
     agent's patch (placed now when not given). Django's and SymPy's runners are read from their
     verbose output (see :mod:`.runners`); ``files`` (the files the task's test patch touches) are
-    what they run when test ids do not name files.
+    what they run when test ids do not name files. ``known_passing``: the ``tests`` that pass at
+    the base commit (PASS_TO_PASS), which the canaries copy; ``canary_seed``: what decides the
+    canaries (a fresh secret when None).
     """
     if spec.format != "pytest":
         return _run_logged(sandbox, spec, tests, files)
@@ -138,7 +141,9 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
             existing = None
         except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
             path, existing = integrity.canary_path([]), None
-        canaries = integrity.make_canaries(path, existing)
+        passing = set(known_passing)
+        canaries = integrity.make_canaries(path, existing, passing=sorted(passing),
+                                           failing=[t for t in requested if t not in passing], seed=canary_seed)
         sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
     invocation = pytest_invocation(spec.command)
     if invocation is not None:
