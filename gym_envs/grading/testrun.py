@@ -78,6 +78,12 @@ class TestRun:
         return bool(self.statuses) and ((self.exit_code == 0) == (not self.failed))
 
 
+# Whether the runtime installs its audit hook (pytest_runtime/audit.py). Off only to measure what
+# the canaries alone catch (bench/canary_forger.py, tests/test_canary_forgers.py): a setting of the
+# harness's own process, which nothing in a task, a patch or a sandbox can reach.
+AUDIT_HOOK = True
+
+
 @dataclass(frozen=True)
 class HarnessFiles:
     """The harness's own files in a sandbox: the test runtime, its results and junit files, and
@@ -100,7 +106,10 @@ def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
                          junit=f".patchgym-junit-{nonce}.xml",
                          test_patch=stage_patch(sandbox, test_patch) if test_patch.strip() else None)
     for name in RUNTIME_FILES:
-        sandbox.write_file(f"{files.runtime}/{name}", (RUNTIME_DIR / name).read_bytes())
+        data = (RUNTIME_DIR / name).read_bytes()
+        if name == "audit.py" and not AUDIT_HOOK:
+            data += b"\n\ndef install(policy):  # AUDIT_HOOK is off (bench/canary_forger.py)\n    return None\n"
+        sandbox.write_file(f"{files.runtime}/{name}", data)
     sandbox.write_file(files.results, b"")
     sandbox.write_file(files.junit, b"")
     return files
