@@ -174,8 +174,9 @@ _WORD = re.compile(r"[A-Za-z][a-z0-9]*|[0-9]+")
 
 def _name_maker(tree: ast.Module, rng: random.Random):
     """A function giving new test names in the module's own style: its prefix (``test_``,
-    ``test``), its separator (``_`` or camel case), as many words as one of its tests has, each
-    word one of its tests' words; never a name bound anywhere in the module, nor one given."""
+    ``test``), its separator (``_`` or camel case), its words in the orders its names use them
+    (a walk from word to a word that follows it in one of its names); never a name bound
+    anywhere in the module, nor one given."""
     taken = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     taken |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     tests = [n.name for n in ast.walk(tree)
@@ -187,15 +188,32 @@ def _name_maker(tree: ast.Module, rng: random.Random):
             shapes.append(("_", [w for w in rest[1:].split("_") if w]))
         elif rest:
             shapes.append(("", _WORD.findall(rest)))
-    shapes = [(sep, words) for sep, words in shapes if words]
-    vocabulary = [w.lower() for _, words in shapes for w in words]
+    shapes = [(sep, [w.lower() for w in words]) for sep, words in shapes if words]
+    vocabulary = [w for _, words in shapes for w in words]
+    # Which word follows which in the module's names (None: the name ends), for names that read
+    # like its own: a walk through them joins two real names where they share a word.
+    follows: dict[str | None, list[str | None]] = {}
+    for _, words in shapes:
+        for before, after in zip([None, *words], [*words, None], strict=True):
+            follows.setdefault(before, []).append(after)
+    longest = max((len(words) for _, words in shapes), default=2)
+
+    def walk() -> list[str]:
+        words: list[str] = []
+        word = rng.choice(follows[None])
+        while word is not None and word not in words and len(words) < longest:
+            words.append(word)
+            word = rng.choice(follows.get(word) or [None])
+        return words
 
     def make() -> str:
-        for attempt in range(200):
+        for attempt in range(400):
             sep, words = rng.choice(shapes)
-            count = max(2, len(words)) + attempt // 50
-            chosen = rng.sample(vocabulary, min(count, len(vocabulary)))
-            if len(set(chosen)) < len(chosen):
+            if attempt < 200:
+                chosen = walk()
+            else:  # a module whose names a walk only repeats: its words in new orders
+                chosen = rng.sample(vocabulary, min(max(2, len(words)) + attempt // 100, len(vocabulary)))
+            if len(chosen) < 2 or len(set(chosen)) < len(chosen):
                 continue
             name = ("test_" + "_".join(chosen)) if sep else ("test" + "".join(w.capitalize() for w in chosen))
             if name not in taken:
