@@ -52,6 +52,21 @@ MODULE = textwrap.dedent('''\
         assert Box(1).value != 2
 
 
+    def test_words_join():
+        assert words(
+            "a b c"
+        ) == ["a", "b", "c"], "split on spaces"
+        for w in words("x y"):
+            assert w
+        with pytest.raises(AttributeError):
+            words(None)
+
+
+    def test_returns_early():
+        assert double(1) == 2
+        return
+
+
     @pytest.mark.parametrize("x, expected", [(1, 2), (5, 10)], ids=["one", "five"])
     def test_double_param(x, expected):
         assert double(x) == expected
@@ -92,7 +107,8 @@ THINGS = textwrap.dedent('''\
 ''')
 
 PASSING = [f"{PATH}::{n}" for n in ("test_double_small", "test_box_holds_value", "test_words_split",
-                                    "test_box_truthy", "test_double_param[one]", "test_double_param[five]",
+                                    "test_box_truthy", "test_words_join", "test_returns_early",
+                                    "test_double_param[one]", "test_double_param[five]",
                                     "test_words_count[text0-count0]", "TestBox::test_method")]
 FAILING = [f"{PATH}::test_new_behaviour"]
 
@@ -136,7 +152,8 @@ def test_copies_look_like_the_module_s_tests():
     """Names in the module's style (``test_`` and its words), none it uses; bodies its own; each
     copy right after its original; only module-level tests known to pass are copied."""
     words = {w for n in ("double_small", "box_holds_value", "words_split", "box_truthy", "double_param",
-                         "words_count", "new_behaviour", "method") for w in n.split("_")}
+                         "words_count", "new_behaviour", "method", "words_join", "returns_early")
+             for w in n.split("_")}
     tree = ast.parse(MODULE)
     taken = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
         n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
@@ -153,8 +170,31 @@ def test_copies_look_like_the_module_s_tests():
             end = next(n.end_lineno for n in tree.body if getattr(n, "name", None) == original)
             assert line >= end  # after the original, so every name its decorators read is bound
             assert "def test_" in function and ("assert" in function)
+            # a mutated copy differs from its original in one assert statement of its own body
+            copy = ast.parse(function).body[0]
+            source = next(n for n in tree.body if getattr(n, "name", None) == original)
+            assert original != "test_returns_early"  # a ``return`` may skip the assertion: not mutated
+            changed = [(a, b) for a, b in zip(copy.body, source.body, strict=True) if ast.dump(a) != ast.dump(b)]
+            if f"{PATH}::{name}" in canaries.must_pass:
+                assert not changed and ast.dump(copy.args) == ast.dump(source.args)
+            else:
+                assert len(changed) == 1 and isinstance(changed[0][0], ast.Assert)
     assert integrity.make_canaries(PATH, MODULE.encode(), passing=PASSING, failing=FAILING, seed=7) == _canaries(7)
     assert _canaries(7) != _canaries(8)
+
+
+def test_camel_case_names_and_modules_that_do_not_parse():
+    module = b"from calc import add\n\n\ndef testAddSmall():\n    assert add(1, 2) == 3\n\n\n" \
+             b"def testAddNegativeNumbers():\n    assert add(-1, -2) == -3\n"
+    passing = ["t.py::testAddSmall", "t.py::testAddNegativeNumbers"]
+    for seed in range(10):
+        canaries = integrity.make_canaries("t.py", module, passing=passing, seed=seed)
+        for canary in canaries.ids:
+            name = canary.split("::")[1]
+            assert name.startswith("test") and name[4].isupper() and "_" not in name
+    for broken in (b"def test_x(:\n", b"\xff\xfe def", b""):
+        canaries = integrity.make_canaries("t.py", broken, passing=["t.py::test_x"], seed=1)
+        assert not canaries.originals and canaries.must_fail
 
 
 def test_a_module_with_no_copyable_test_keeps_the_arithmetic_canaries():
