@@ -7,17 +7,16 @@ test functions** that is known to pass at the base commit (its id is in PASS_TO_
 FAIL_TO_PASS), with its decorators (parametrization, marks) and its fixtures:
 
 * a copy left as it is (the *guard*), run right after its original;
-* copies with one assertion inverted (``==`` -> ``!=``, ``in`` -> ``not in``, ``x`` ->
-  ``not x``) or its expected constant changed, run right after the guard: each must fail
+* copies with one assertion negated (``==`` -> ``!=``, ``in`` -> ``not in``, ``x`` ->
+  ``not x``, ``not x`` -> ``x``), run right after the guard: each must fail
   wherever its original and its guard passed (a test that does not pass twice in a row, as
   under a state leak of the code under test, leaves its copies unchecked rather than
   calling an honest run forged).
 
 Only assertions that are statements of the function's own body (not in a loop, ``with``,
 ``if`` or ``try``), in a function with no ``return``/``yield``, are mutated: such an
-assertion runs exactly once whenever the test passes, and it held, so its inverse fails. A
-constant is changed only on one side of a single ``==`` (to a value that cannot be equal to
-the one it held). Each copy gets a name made of the words of the module's own test names
+assertion runs exactly once whenever the test passes, and it held, so its negation fails.
+Each copy gets a name made of the words of the module's own test names
 (never one the module uses) and goes in the module right after its original: every name its
 decorators read is bound there, and it runs in the state its original ran in (tests that read
 what earlier tests left in ``os.environ`` pass only there).
@@ -37,8 +36,9 @@ from dataclasses import dataclass
 from gym_envs.grading.pyast import parse as parse_python
 
 _SKIPPING_MARKS = {"xfail", "skip", "skipif"}
-_INVERSE_OPS = {ast.Eq: "!=", ast.NotEq: "==", ast.Is: "is not", ast.IsNot: "is", ast.In: "not in",
-                ast.NotIn: "in"}
+# A comparison's operator as written, and its negation.
+_INVERSE_OPS = {ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.Is: ("is", "is not"),
+                ast.IsNot: ("is not", "is"), ast.In: ("in", "not in"), ast.NotIn: ("not in", "in")}
 
 
 @dataclass(frozen=True)
@@ -90,41 +90,24 @@ class _Mutation:
     text: str
 
 
-def _changed_constant(value: object, rng: random.Random) -> str | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return repr(value + rng.choice((-1, 1)) * (1 + rng.randrange(9)))
-    if isinstance(value, float):
-        return repr(value + rng.choice((-1, 1)) * (1 + rng.randrange(9)))
-    if isinstance(value, str):
-        letters = [c for c in value if c.isalnum()] or list("abcdefgh")
-        return repr(value + rng.choice(letters))
-    return None
-
-
-def _mutations(node: ast.Assert, lines: list[bytes], rng: random.Random) -> list[_Mutation]:
-    """Ways to make ``assert ...`` fail where it held (each a text replacement)."""
+def _mutations(node: ast.Assert, lines: list[bytes]) -> list[_Mutation]:
+    """How to make ``assert ...`` fail where it held (a text replacement): its test negated, by
+    the inverse operator where it is one comparison, else by ``not`` added or taken away. Never a
+    changed constant: ``x == 3`` and ``x == 4`` can both hold (``mock.ANY``, dirty-equals'
+    ``IsInt``, a wide ``approx``), ``x == 3`` and ``x != 3`` cannot while ``!=`` is the negation
+    of ``==`` (Python's default)."""
     test = node.test
     out: list[_Mutation] = []
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         op, right = test.ops[0], test.comparators[0]
-        inverse = _INVERSE_OPS.get(type(op))
-        if inverse is not None:
+        spellings = _INVERSE_OPS.get(type(op))
+        if spellings is not None:
             start, end = (test.left.end_lineno, test.left.end_col_offset), (right.lineno, right.col_offset)
             between = _text(lines, start, end)
-            spelled = _op_text(op).encode()
+            spelled, inverse = spellings[0].encode(), spellings[1]
             if between.count(spelled) == 1 and b"#" not in between and b"\\" not in between:
                 head, tail = between.split(spelled)
                 out.append(_Mutation(start, end, f"{head.decode()}{inverse}{tail.decode()}"))
-        if isinstance(op, ast.Eq):
-            for side in (right, test.left):
-                if isinstance(side, ast.Constant):
-                    changed = _changed_constant(side.value, rng)
-                    if changed is not None and side.lineno == side.end_lineno:
-                        out.append(_Mutation((side.lineno, side.col_offset),
-                                             (side.end_lineno, side.end_col_offset), changed))
-                    break
     elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = _text(lines, (test.operand.lineno, test.operand.col_offset),
                       (test.operand.end_lineno, test.operand.end_col_offset)).decode("utf-8", "replace")
@@ -138,11 +121,6 @@ def _mutations(node: ast.Assert, lines: list[bytes], rng: random.Random) -> list
         out.append(_Mutation((test.lineno, test.col_offset), (test.end_lineno, test.end_col_offset),
                              f"not {inner}"))
     return out
-
-
-def _op_text(op: ast.cmpop) -> str:
-    return {ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not", ast.In: "in",
-            ast.NotIn: "not in"}[type(op)]
 
 
 def _text(lines: list[bytes], start: tuple[int, int], end: tuple[int, int]) -> bytes:
@@ -255,7 +233,7 @@ def make_copies(source: bytes, passing: set[str], failing: set[str], rng: random
     for node in candidates:
         if _exits_early(node):
             continue
-        found = [m for stmt in node.body if isinstance(stmt, ast.Assert) for m in _mutations(stmt, lines, rng)]
+        found = [m for stmt in node.body if isinstance(stmt, ast.Assert) for m in _mutations(stmt, lines)]
         if found:
             mutable.append((node, found))
     if not mutable:
