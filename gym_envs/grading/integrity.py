@@ -16,11 +16,14 @@ It cannot do so *quietly* here:
   forced-pass plugin, a patched ``TestReport``) or had its failure swallowed (a hook wrapper),
   whichever tests it picks; a test function called by a plugin of the repository's code instead
   of pytest, or an item whose ``runtest`` was replaced, ran under the forger's control.
-* **Canaries.** Several tests with random names, appended to a hidden test module just before the
-  run and placed at random among the requested ids: 1-3 must pass and 3-6 must fail (the counts
-  are random too). Forcing every outcome to "passed" passes a failing canary; failing the whole
-  run fails a passing one; sparing a guessed few (the last ids, say) spares not all of them. Code
-  under test would have to tell canaries from the hidden tests, whose names it has never seen.
+* **Canaries.** Several tests added to a hidden test module just before the run: copies of the
+  module's own tests known to pass, 3-6 of them with an assertion made to fail
+  (:mod:`.canary_copies`), named in the module's style and run right after their originals; where
+  the module has no such test, tests with random names and arithmetic bodies placed at random
+  among the requested ids, 1-3 that must pass and 3-6 that must fail (the counts are random
+  too). Forcing every outcome to "passed" passes a failing canary; sparing a guessed few (the
+  last ids, say) spares not all of them. Code under test would have to tell canaries from the
+  hidden tests, whose names it has never seen.
 
 Whatever fails these checks is ``tampering`` (reward 0, never an infrastructure failure). What a
 forger can still do is written down in ``docs/grading.md``.
@@ -30,9 +33,12 @@ from __future__ import annotations
 
 import ast
 import json
+import random
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gym_envs.grading import canary_copies
 from gym_envs.grading.labels import NOT_STARTED_EXIT_CODES
 from gym_envs.grading.outcome import TestStatus, lookup
 from gym_envs.grading.pyast import parse as parse_python
@@ -54,6 +60,20 @@ class Canaries:
     must_pass: tuple[str, ...]
     must_fail: tuple[str, ...]
     functions: tuple[str, ...]  # each canary's source, a function definition
+    # Copies of the module's own tests (:mod:`.canary_copies`): each function's line in the module
+    # (0-based, it goes before it), and each canary's original test id. A copy's outcome is
+    # compared with its original's in the same run; without them, canaries stand on their own.
+    lines: tuple[int, ...] = ()
+    originals: tuple[tuple[str, str], ...] = ()
+    guards: tuple[tuple[str, str], ...] = ()  # a mutated copy's id -> its unchanged copy's
+
+    def original(self, canary: str) -> str | None:
+        """The id of the test ``canary`` copies, or None for a canary that stands on its own."""
+        return dict(self.originals).get(canary)
+
+    def guard(self, canary: str) -> str | None:
+        """The unchanged copy run just before the mutated copy ``canary`` (None for others)."""
+        return dict(self.guards).get(canary)
 
     @property
     def ids(self) -> list[str]:
@@ -73,23 +93,30 @@ class Canaries:
         (where pytest runs whole files, the order within the file is the order of the run)."""
         if not existing:
             return self.source.encode()
+        if self.lines:
+            return _inserted(existing, zip(self.lines, self.functions, strict=True))
         places = _top_level_starts(existing) if spread else []
         if not places:
             sep = b"\n\n\n" if existing.endswith(b"\n") else b"\n\n\n\n"
             return existing + sep + self.source.encode()
-        lines = existing.splitlines(keepends=True)
-        if not lines[-1].endswith(b"\n"):
-            lines[-1] += b"\n"
-        at: dict[int, list[bytes]] = {}
-        for function in self.functions:
-            at.setdefault(secrets.choice(places), []).append(function.encode())
-        out: list[bytes] = []
-        for index in range(len(lines) + 1):
-            for function in at.get(index, ()):
-                out.append(b"\n\n" + function.rstrip(b"\n") + b"\n\n\n")
-            if index < len(lines):
-                out.append(lines[index])
-        return b"".join(out)
+        return _inserted(existing, ((secrets.choice(places), function) for function in self.functions))
+
+
+def _inserted(existing: bytes, placed: Iterable[tuple[int, str]]) -> bytes:
+    """``existing`` with each function before its (0-based) line, set off by blank lines."""
+    lines = existing.splitlines(keepends=True)
+    if not lines[-1].endswith(b"\n"):
+        lines[-1] += b"\n"
+    at: dict[int, list[bytes]] = {}
+    for line, function in placed:
+        at.setdefault(line, []).append(function.encode())
+    out: list[bytes] = []
+    for index in range(len(lines) + 1):
+        for function in at.get(index, ()):
+            out.append(b"\n\n" + function.rstrip(b"\n") + b"\n\n\n")
+        if index < len(lines):
+            out.append(lines[index])
+    return b"".join(out)
 
 
 def is_variant(node_id: str, test_id: str) -> bool:
@@ -121,8 +148,9 @@ def _top_level_starts(source: bytes) -> list[int]:
     return sorted({*starts, len(source.splitlines())})
 
 
-def _name() -> str:
-    return f"test_{secrets.choice(_WORDS)}_{secrets.choice(_WORDS)}_{secrets.token_hex(3)}"
+def _name(rng: random.Random | secrets.SystemRandom | None = None) -> str:
+    rng = rng or secrets.SystemRandom()
+    return f"test_{rng.choice(_WORDS)}_{rng.choice(_WORDS)}_{rng.getrandbits(24):06x}"
 
 
 def imported_names(source: bytes | None) -> list[str]:
@@ -141,36 +169,59 @@ def imported_names(source: bytes | None) -> list[str]:
     return list(dict.fromkeys(n for n in names if n.isidentifier()))
 
 
-def make_canaries(path: str, module_source: bytes | None = None) -> Canaries:
-    """Canaries to append to ``path`` (:func:`canary_path`), whose content is ``module_source``.
+def make_canaries(path: str, module_source: bytes | None = None, *, passing: Sequence[str] = (),
+                  failing: Sequence[str] = (), seed: int | None = None) -> Canaries:
+    """Canaries for ``path`` (:func:`canary_path`), whose content is ``module_source``.
 
     There are several of each kind, in random numbers, so that a forger that spares a few tests
     (a guess at which are canaries) or flips a few failures to passes (a guess at which are the
-    hidden tests) is caught unless it guesses every must-fail canary. Each body is a random sum,
-    product or difference, right or wrong, so the operator does not tell the kinds apart; each
-    uses the names the module imports, as its tests do, so "spare whatever does not touch the
-    code under test" spares no canary."""
+    hidden tests) is caught unless it guesses every must-fail canary. Where the module has test
+    functions known to pass at the base commit (their ids in ``passing``, none in ``failing``:
+    PASS_TO_PASS and FAIL_TO_PASS), the canaries are copies of them, some with an assertion
+    made to fail (:mod:`.canary_copies`): named, shaped and behaving as the module's own tests.
+    Otherwise each is a random sum, product or difference, right or wrong, that touches the
+    names the module imports. ``seed`` (a fresh secret one when None) decides everything."""
+    rng = random.Random(secrets.randbits(128) if seed is None else seed)
+    copies = canary_copies.make_copies(module_source, _names_in(path, passing), _names_in(path, failing),
+                                       rng) if module_source else []
+    if copies:
+        ids = [f"{path}::{c.name}" for c in copies]
+        return Canaries(path, tuple(i for i, c in zip(ids, copies, strict=True) if c.must_pass),
+                        tuple(i for i, c in zip(ids, copies, strict=True) if not c.must_pass),
+                        tuple(c.source for c in copies), lines=tuple(c.line for c in copies),
+                        originals=tuple((i, f"{path}::{c.original}") for i, c in zip(ids, copies, strict=True)),
+                        guards=tuple((i, f"{path}::{c.guard}") for i, c in zip(ids, copies, strict=True) if c.guard))
     used = imported_names(module_source)
     # A tuple of the names, compared so that Python does not warn "assertion is always true"
     # (a warning that would point at the canaries' lines).
     touch = f"    assert ({', '.join(used)},) != ()\n" if used else ""
-    kinds = [True] * (1 + secrets.randbelow(3)) + [False] * (3 + secrets.randbelow(4))
-    secrets.SystemRandom().shuffle(kinds)
+    kinds = [True] * (1 + rng.randrange(3)) + [False] * (3 + rng.randrange(4))
+    rng.shuffle(kinds)
     names: list[str] = []
     while len(names) < len(kinds):
-        name = _name()
+        name = _name(rng)
         names += [name] if name not in names else []
     bodies = []
     for name, passes in zip(names, kinds, strict=True):
-        a, b = secrets.randbelow(900) + 100, secrets.randbelow(900) + 100
-        op = secrets.choice("+-*")
+        a, b = rng.randrange(900) + 100, rng.randrange(900) + 100
+        op = rng.choice("+-*")
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         if not passes:
-            value += secrets.choice((-1, 1)) * (1 + secrets.randbelow(9))
+            value += rng.choice((-1, 1)) * (1 + rng.randrange(9))
         bodies.append(f"def {name}():\n{touch}    assert {a} {op} {b} == {value}\n")
     return Canaries(path, tuple(f"{path}::{n}" for n, passes in zip(names, kinds, strict=True) if passes),
                     tuple(f"{path}::{n}" for n, passes in zip(names, kinds, strict=True) if not passes),
                     tuple(bodies))
+
+
+def _names_in(path: str, ids: Sequence[str]) -> set[str]:
+    """The names of the module-level test functions of ``path`` among ``ids`` (parameters dropped)."""
+    names = set()
+    for test_id in ids:
+        file, _, rest = test_id.partition("::")
+        if file == path and rest and "::" not in rest:
+            names.add(rest.split("[", 1)[0])
+    return names
 
 
 def canary_path(tests: list[str]) -> str:
@@ -182,10 +233,15 @@ def canary_path(tests: list[str]) -> str:
 
 
 def interleave(tests: list[str], canaries: Canaries) -> list[str]:
-    """``tests`` with the canaries at random places (not always last, where a forger would look)."""
+    """``tests`` with the canaries at random places (not always last, where a forger would look);
+    a copy of a test right after its original (last variant), so that it runs in the state its
+    original ran in (a test that sees what earlier tests left in ``os.environ`` passes there)."""
     ids = list(tests)
-    for canary in canaries.ids:
-        ids.insert(secrets.randbelow(len(ids) + 1), canary)
+    for canary in canaries.ids:  # unchanged copies first: each mutated one goes after its guard
+        original = canaries.original(canary)
+        after = [i for i, t in enumerate(ids)
+                 if original and (is_variant(t, original) or canaries.original(t) == original)]
+        ids.insert(after[-1] + 1 if after else secrets.randbelow(len(ids) + 1), canary)
     return ids
 
 
@@ -362,6 +418,28 @@ def _canary_holds(canary: str, wanted: TestStatus, results: dict[str, TestStatus
                for key, status in results.items())
 
 
+def _copy_holds(canary: str, original: str, guard: str | None, statuses: dict[str, TestStatus]) -> bool:
+    """Whether a mutated copy of ``original`` (:mod:`.canary_copies`) failed wherever, in the same
+    run, its original and its ``guard`` (the unchanged copy run just before it) passed, variant by
+    variant (``copy[x]`` for ``original[x]``). Where the original did not pass (the agent broke it,
+    a param skipped it) the run is not resolved anyway: it is a PASS_TO_PASS test. Where the
+    guard did not pass, the test does not give the same result twice in a row: nothing to hold the
+    copy to. A guard or a copy missing where its original passed was taken out of the run. An
+    unchanged copy (no ``guard``) holds to nothing of its own."""
+    if guard is None:
+        return True
+    ours, guarded = variants(canary, statuses), variants(guard, statuses)
+    for key, status in variants(original, statuses).items():
+        if status is not TestStatus.PASSED:
+            continue
+        suffix = key[len(original):]
+        if guard + suffix not in guarded or canary + suffix not in ours:
+            return False
+        if guarded[guard + suffix] is TestStatus.PASSED and ours[canary + suffix] is not TestStatus.FAILED:
+            return False
+    return True
+
+
 def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus] | None,
               record: RunRecord | None, reporter: bool, requested: list[str],
               canaries: Canaries | None) -> str | None:
@@ -430,7 +508,9 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
                     results = variants(canary, statuses)
                     if not results and cut_short:
                         continue
-                    if not _canary_holds(canary, wanted, results, in_call):
+                    original = canaries.original(canary)
+                    if not (_copy_holds(canary, original, canaries.guard(canary), statuses) if original
+                            else _canary_holds(canary, wanted, results, in_call)):
                         return f"a canary test that must {kind} did not: {canary}"
         if exit_code == 0:
             return "the runner exited 0 although a canary test failed"

@@ -78,6 +78,12 @@ class TestRun:
         return bool(self.statuses) and ((self.exit_code == 0) == (not self.failed))
 
 
+# Whether the runtime installs its audit hook (pytest_runtime/audit.py). Off only to measure what
+# the canaries alone catch (bench/canary_forger.py, tests/test_canary_forgers.py): a setting of the
+# harness's own process, which nothing in a task, a patch or a sandbox can reach.
+AUDIT_HOOK = True
+
+
 @dataclass(frozen=True)
 class HarnessFiles:
     """The harness's own files in a sandbox: the test runtime, its results and junit files, and
@@ -100,14 +106,18 @@ def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
                          junit=f".patchgym-junit-{nonce}.xml",
                          test_patch=stage_patch(sandbox, test_patch) if test_patch.strip() else None)
     for name in RUNTIME_FILES:
-        sandbox.write_file(f"{files.runtime}/{name}", (RUNTIME_DIR / name).read_bytes())
+        data = (RUNTIME_DIR / name).read_bytes()
+        if name == "audit.py" and not AUDIT_HOOK:
+            data += b"\n\ndef install(policy):  # AUDIT_HOOK is off (bench/canary_forger.py)\n    return None\n"
+        sandbox.write_file(f"{files.runtime}/{name}", data)
     sandbox.write_file(files.results, b"")
     sandbox.write_file(files.junit, b"")
     return files
 
 
 def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
-              files: Sequence[str] = (), harness: HarnessFiles | None = None) -> TestRun:
+              files: Sequence[str] = (), harness: HarnessFiles | None = None,
+              known_passing: Sequence[str] = (), canary_seed: int | None = None) -> TestRun:
     """Run ``tests`` (node ids or paths; the whole suite when empty) with ``spec``'s command.
 
     pytest is started by patchgym's runtime (:mod:`.pytest_runtime`) so that nothing in the
@@ -117,7 +127,9 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     fails those checks has ``tampering`` set. ``harness``: the files a grader placed before the
     agent's patch (placed now when not given). Django's and SymPy's runners are read from their
     verbose output (see :mod:`.runners`); ``files`` (the files the task's test patch touches) are
-    what they run when test ids do not name files.
+    what they run when test ids do not name files. ``known_passing``: the ``tests`` that pass at
+    the base commit (PASS_TO_PASS), which the canaries copy; ``canary_seed``: what decides the
+    canaries (a fresh secret when None).
     """
     if spec.format != "pytest":
         return _run_logged(sandbox, spec, tests, files)
@@ -138,7 +150,9 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
             existing = None
         except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
             path, existing = integrity.canary_path([]), None
-        canaries = integrity.make_canaries(path, existing)
+        passing = set(known_passing)
+        canaries = integrity.make_canaries(path, existing, passing=sorted(passing),
+                                           failing=[t for t in requested if t not in passing], seed=canary_seed)
         sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
     invocation = pytest_invocation(spec.command)
     if invocation is not None:

@@ -254,7 +254,7 @@ class Verifier:
                    harness: HarnessFiles | None = None) -> None:
         files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
         run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files,
-                        harness=harness)
+                        harness=harness, known_passing=task.PASS_TO_PASS)
         meter.add_tests(run.cpu_seconds)
         report.test_output = run.output
         report.test_exit_code = run.exit_code
