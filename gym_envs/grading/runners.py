@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from gym_envs.grading.outcome import TestStatus
 from gym_envs.grading.patches import split_diff
@@ -41,6 +42,8 @@ _SYMPY_FILE = re.compile(r"^(?P<path>\S+\.py)\[(?P<count>\d+|\?)\]\s*(?P<rest>.*
 _SYMPY_TEST = re.compile(r"^(?P<name>test_\w+)(?:\s+(?P<rest>.*))?$")
 _SYMPY_HEADER = re.compile(r"^_+ (?P<path>\S+\.py)::?(?P<name>test_\w+) _+$")
 _SYMPY_FILE_MARK = re.compile(r"\s*\[(?:OK|FAIL)\]$")
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+PYTHON_WORD = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 
 
 def _status_word(word: str) -> TestStatus | None:
@@ -276,6 +279,64 @@ def sympy_command(command: str, tests: Sequence[str], files: Sequence[str] = ())
         command += " --verbose"
     paths = [f for f in files if f.endswith(".py")] or [t for t in tests if t.endswith(".py") or "/" in t]
     return f"{command} {_quoted(paths)}".rstrip()
+
+
+@dataclass(frozen=True)
+class ScriptInvocation:
+    """A runner command patchgym's runtime can start (``pytest_runtime/script_runner.py``): what runs
+    before the interpreter (``VAR=value`` words), the ``-W`` options ``PYTHONWARNINGS`` asked for
+    (``-I`` makes the interpreter ignore the variable), the script and its arguments, each
+    shell-quoted."""
+
+    env: str
+    warnings: str
+    python: str
+    script: str
+    args: str
+
+
+_RUNNER_SCRIPTS = {"django": ("tests/runtests.py",), "sympy": ("bin/test",)}
+
+
+def script_invocation(fmt: str, command: str) -> ScriptInvocation | None:
+    """Split a Django or SymPy runner command (``[VAR=value ...] [python] ./tests/runtests.py ARGS``,
+    ``[VAR=value ...] [python] bin/test ARGS``) for the runtime; None for anything else (a wrapper
+    script, several steps), which is then run as written and read from its output."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    env = []
+    while words and ENV_ASSIGNMENT.match(words[0]):
+        env.append(words.pop(0))
+    python = "python"
+    if words and PYTHON_WORD.match(words[0]):
+        python = words.pop(0)
+    scripts = _RUNNER_SCRIPTS.get(fmt, ())
+    if not words or words[0].removeprefix("./") not in scripts or any(w in ("&&", "||", ";", "|") for w in words):
+        return None
+    warnings = [f"-W {shlex.quote(option)}" for e in env if e.startswith("PYTHONWARNINGS=")
+                for option in e.split("=", 1)[1].split(",") if option]
+    return ScriptInvocation(env="".join(shlex.quote(e) + " " for e in env), warnings=" ".join(warnings),
+                            python=shlex.quote(python), script=shlex.quote(words[0]),
+                            args=" ".join(shlex.quote(a) for a in words[1:]))
+
+
+def statuses_from_record(fmt: str, statuses: dict[str, TestStatus],
+                         aliases: dict[str, list[str]]) -> dict[str, TestStatus]:
+    """The runtime's records (ids in the runner's own words) as the ids SWE-bench's parsers give:
+    Django's in both Pythons' wordings and by docstring line; SymPy's by bare function name (a
+    file that failed to import, by its path)."""
+    out: dict[str, TestStatus] = {}
+    for nodeid, status in statuses.items():
+        if fmt == "django":
+            keys = [*_django_keys(nodeid), *aliases.get(nodeid, [])]
+        else:
+            path, _, name = nodeid.partition("::")
+            keys = [name.split("[", 1)[0] if name else path]
+        for key in keys:
+            _record(out, key, status)
+    return out
 
 
 def parse_log(fmt: str, text: str) -> dict[str, TestStatus]:
