@@ -2,9 +2,13 @@
 
 A runner says two things: how a task's test ids become command-line arguments, and how each
 test's outcome is read back. pytest writes junit XML (:mod:`.grading`); these two runners write no
-structured results, so their outcomes are read from their verbose output, the way SWE-bench's log
-parsers read them. Code under test can print lines that look like results, so the verifier only
-trusts a run whose exit code agrees with what was read (:attr:`.testrun.TestRun.consistent`).
+structured results. patchgym starts them under its runtime (``pytest_runtime/script_runner.py``,
+:func:`script_invocation`) and reads each test from a recorder inside the runner
+(:func:`statuses_from_record` turns its ids into SWE-bench's). Where the runtime cannot be used
+(:func:`.testrun._run_script` says when), their outcomes are read from their verbose output, the
+way SWE-bench's log parsers read them; code under test can print lines that look like results, so
+the verifier then only trusts a run whose exit code agrees with what was read
+(:attr:`.testrun.TestRun.consistent`).
 
 Test ids are SWE-bench's:
 
