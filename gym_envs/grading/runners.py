@@ -121,7 +121,7 @@ def django_labels(tests: Sequence[str], files: Sequence[str] = ()) -> list[str]:
     return list(dict.fromkeys([*modules, *outside]))
 
 
-def _django_aliases(test_id: str) -> list[str]:
+def django_aliases(test_id: str) -> list[str]:
     """The same test in the other Python's wording (``(m.C)`` before 3.11, ``(m.C.name)`` after)."""
     m = _DJANGO_ID.match(test_id)
     if not m:
@@ -141,7 +141,7 @@ def _django_keys(name: str) -> list[str]:
     m = _DJANGO_ID_PREFIX.match(name)
     if m:  # "test_x (m.C) (i=2)": a subtest's line counts for its test
         name = m["id"]
-    return [name, *_django_aliases(name)]
+    return [name, *django_aliases(name)]
 
 
 def parse_django_log(text: str) -> dict[str, TestStatus]:

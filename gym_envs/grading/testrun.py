@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gym_envs.grading import integrity, labels, runners
+from gym_envs.grading import integrity, labels, runners, script_canaries
 from gym_envs.grading.declared import DeclaredTests, conftests_of, files_of
 from gym_envs.grading.outcome import JunitError, TestStatus, parse_junit
 from gym_envs.grading.patch_apply import apply_patch, stage_patch
@@ -295,6 +295,14 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     if invocation is None or not _runtime_can_run(sandbox, spec.format, invocation.python):
         return _run_logged(sandbox, spec, tests, files)
     harness = harness or place_harness_files(sandbox)
+    requested = list(dict.fromkeys(tests))
+    canaries = _place_script_canaries(sandbox, spec.format, requested, list(files)) if requested else None
+    if canaries is not None:  # their labels among the hidden tests' (Django); SymPy runs whole files
+        shown = command
+        command = runners.build_command(spec.format, spec.command,
+                                        integrity.interleave(requested, canaries), files)
+        invocation = runners.script_invocation(spec.format, command) or invocation
+        command = shown  # the command reported is the task's, without the canaries' labels
     hidden = " ".join(f"--hidden {shlex.quote(f)}" for f in files if f.endswith(".py"))
     parts = [f"{invocation.env}PATCHGYM_RESULTS={harness.results}", invocation.python, "-I -B", invocation.warnings,
              f"{harness.runtime}/script_runner.py --format {spec.format}", hidden, "--", invocation.script,
@@ -302,7 +310,8 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     start = " ".join(p for p in parts if p)
     result = sandbox.exec(start, timeout=spec.timeout, env=NO_BYTECODE_ENV, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
-                  exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds)
+                  exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds,
+                  canaries=canaries is not None)
     text = _read_results(sandbox, harness.results, run, lambda t: t, "results")
     record = integrity.parse_record(text) if text is not None else None
     if (record is None or not record.started) and START_FAILED in result.output:
@@ -313,13 +322,42 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
         run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
                                                                       if result.timed_out else "")
         return run
-    run.statuses = runners.statuses_from_record(spec.format, record.statuses, _record_aliases(text or ""))
+    statuses = runners.statuses_from_record(spec.format, record.statuses, _record_aliases(text or ""))
+    if canaries is not None:
+        if run.tampering is None and not result.timed_out and record.exit_code in (0, 1):
+            run.tampering = canaries.problem(statuses, record.exit_code)
+        statuses = {t: s for t, s in statuses.items() if not canaries.owns(t)}
+    run.statuses = statuses
     run.undeclared_xfail = set()  # unittest's and SymPy's expected failures are declared by decorator only
     if not run.statuses:
         run.error = f"no test results from the {spec.format} runner"
         if run.tampering is None and not result.timed_out and result.exit_code:
             run.could_not_start = labels.first_error_line(result.output) or run.error
     return run
+
+
+def _place_script_canaries(sandbox: Sandbox, fmt: str, requested: list[str],
+                           files: list[str]) -> script_canaries.ScriptCanaries | None:
+    """Write canaries into the hidden tests' module (:mod:`.script_canaries`); None where there is
+    no module of the test patch's to put them in, or it is not a regular file."""
+    if fmt == "django":
+        target = script_canaries.django_target(requested, files)
+        path = target[0] if target else None
+    else:
+        path = script_canaries.sympy_target(files)
+    if path is None:
+        return None
+    source = _read_source(sandbox, path)
+    if source is None:
+        return None
+    if fmt == "django":
+        assert target is not None
+        canaries = script_canaries.django_canaries(path, source, target[1], target[2])
+    else:
+        canaries = script_canaries.sympy_canaries(path, source, set(requested))
+    if canaries is not None:
+        sandbox.write_file(path, canaries.content)
+    return canaries
 
 
 def _record_aliases(text: str) -> dict[str, list[str]]:
