@@ -21,7 +21,7 @@ from gym_envs.grading import integrity, runners
 from gym_envs.grading.outcome import TestStatus
 from gym_envs.grading.pyast import parse as parse_python
 
-_WORD = re.compile(r"[a-z]{3,}")
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]{2,}")  # test_latex_Float -> latex, Float
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _kinds() -> list[bool]:
 
 def _names(existing: set[str], count: int) -> list[str]:
     """``count`` new ``test_`` names made of the words of the module's own test names."""
-    words = sorted({w for name in existing for w in _WORD.findall(name) if w != "test"}) or ["value", "case"]
+    words = sorted({w for name in existing for w in name.split("_")[1:] if _WORD.fullmatch(w)}) or ["value", "case"]
     names: list[str] = []
     while len(names) < count:
         parts = [secrets.choice(words) for _ in range(2 + secrets.randbelow(2))]
