@@ -14,6 +14,7 @@ exit status agreed):
   SymPy's ``PyTestReporter`` (``test_fail``/``test_exception`` are ``test_pass``);
 * it replaces ``unittest.TestCase.run`` with one that reports success without running anything;
 * it stands a fake runner module (``sympy.testing.runtests``) in for SymPy's own;
+* it reaches for the runner's frames with ``sys._getframe`` (the audit hook, as under pytest);
 * it makes every test a no-op (a unittest test method replaced on each instance; a SymPy test
   function's ``__code__`` swapped as the runner enters it): nothing raises, and only the canaries
   (tests that must fail, in the module's own style) show it.
@@ -248,6 +249,14 @@ def _pg_noop_entering(self, f):
 _pg_runtests.PyTestReporter.entering_test = _pg_noop_entering
 '''
 
+# The first step of an in-process forger: the import machinery's frame (and from there the
+# runner's) by sys._getframe, from the code under test itself; the audit hook ends the run.
+DJANGO_GETFRAME = '''\
+import sys as _pg_sys
+
+_pg_importer = _pg_sys._getframe(1)
+'''
+
 ATTACKS = {  # name -> (format, {file: payload}, payload first in its file, the reason it is refused)
     "django-print-and-exit": ("django", {DJANGO_PKG: DJANGO_PRINT_AND_EXIT}, False,
                               Tampering("the runner exited before its final record")),
@@ -259,6 +268,8 @@ ATTACKS = {  # name -> (format, {file: payload}, payload first in its file, the 
                              Tampering("the runner exited before its final record")),
     "sympy-patch-reporter": ("sympy", {"sympy/__init__.py": SYMPY_PATCH_REPORTER}, False,
                              Tampering("a test's report was rewritten")),
+    "django-getframe-into-the-runner": ("django", {DJANGO_PKG: DJANGO_GETFRAME}, False,
+                                        Tampering("sys._getframe from minilib/__init__.py")),
     "django-noop-test-methods": ("django", {DJANGO_PKG: DJANGO_NOOP_METHODS}, False,
                                  Tampering("a canary test that must fail did not")),
     "sympy-noop-test-code": ("sympy", {"sympy/__init__.py": SYMPY_NOOP_CODE}, False,

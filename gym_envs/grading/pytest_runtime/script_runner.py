@@ -45,6 +45,8 @@ import runpy
 import sys
 import traceback
 
+# unittest leaves this module's frames (the test method's observer) out of failure tracebacks.
+__unittest = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKSPACE = os.getcwd()
 START_FAILED = "patchgym-runtime: the test runner could not start:"  # bootstrap.START_FAILED
@@ -376,6 +378,8 @@ def main():
         records = Records(fd)
         audit = _load_runtime_module("audit")
         policy = audit.Policy(WORKSPACE, hidden, HERE, records.record, results_fd=fd, harness_files=[results])
+        # The runner imports most of its stdlib after the hook is in (Django: decimal's namedtuple).
+        policy.stdlib_getframe = True
         audit.install(policy)
         import unittest  # noqa: F401  (the runner's library, bound to the stdlib before the repository)
 
