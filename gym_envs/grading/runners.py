@@ -22,6 +22,7 @@ Test ids are SWE-bench's:
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from gym_envs.grading.outcome import TestStatus
 from gym_envs.grading.patches import split_diff
+from gym_envs.grading.pyast import parse as parse_python
 
 # Files of a test patch that are not tests to run (SWE-bench's NON_TEST_EXTS).
 NON_TEST_EXTS = (".json", ".png", ".csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
@@ -341,6 +343,47 @@ def statuses_from_record(fmt: str, statuses: dict[str, TestStatus],
         for key in keys:
             _record(out, key, status)
     return out
+
+
+def _decorated(node: ast.AST, word: str) -> bool:
+    for decorator in getattr(node, "decorator_list", ()):
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name == word:
+            return True
+    return False
+
+
+def declares_xfail(fmt: str, test_id: str, sources: dict[str, bytes | None]) -> bool:
+    """Whether the test files as written (``sources``, read before anything of the agent's ran)
+    mark ``test_id`` as an expected failure: ``@expectedFailure`` on its method or class (Django;
+    a docstring id: anywhere in the test files), ``@XFAIL`` on its function (SymPy). An expected
+    failure set at run time (``__unittest_expecting_failure__`` on an instance, a test's outcome
+    object) is the code under test's, and does not stand in for a pass."""
+    trees = []
+    for path, source in sources.items():
+        try:
+            trees.append((path, parse_python(source or b"")))
+        except (SyntaxError, ValueError):
+            continue
+    if fmt == "sympy":
+        return any(isinstance(node, ast.FunctionDef) and node.name == test_id and _decorated(node, "XFAIL")
+                   for _, tree in trees for node in tree.body)
+    label = django_label(test_id)
+    if label is None:
+        return any(_decorated(node, "expectedFailure") for _, tree in trees for node in ast.walk(tree))
+    where, _, method = label.rpartition(".")
+    module, _, class_name = where.rpartition(".")
+    for path, tree in trees:
+        if django_module_label(path) != module:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == class_name:
+                if _decorated(node, "expectedFailure"):
+                    return True
+                return any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method
+                           and _decorated(item, "expectedFailure") for item in node.body)
+    return False
 
 
 def parse_log(fmt: str, text: str) -> dict[str, TestStatus]:

@@ -230,8 +230,6 @@ def _read_results(sandbox: Sandbox, path: str, run: TestRun, parse, what: str):
         return None
 
 
-
-
 def pytest_invocation(command: str) -> tuple[str, str, str] | None:
     """Split a pytest command into (what runs before pytest, interpreter, pytest arguments), each
     shell-quoted, for ``python -m pytest ...``, ``pytest ...`` and ``py.test ...`` (with leading
@@ -296,6 +294,8 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
         return _run_logged(sandbox, spec, tests, files)
     harness = harness or place_harness_files(sandbox)
     requested = list(dict.fromkeys(tests))
+    # The test files as written, read before anything of the agent's has run: what XFAIL they declare.
+    sources = {f: _read_source(sandbox, f) for f in files if f.endswith(".py")}
     canaries = _place_script_canaries(sandbox, spec.format, requested, list(files)) if requested else None
     if canaries is not None:  # their labels among the hidden tests' (Django); SymPy runs whole files
         shown = command
@@ -328,7 +328,8 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
             run.tampering = canaries.problem(statuses, record.exit_code)
         statuses = {t: s for t, s in statuses.items() if not canaries.owns(t)}
     run.statuses = statuses
-    run.undeclared_xfail = set()  # unittest's and SymPy's expected failures are declared by decorator only
+    run.undeclared_xfail = {t for t in requested if statuses.get(t) is TestStatus.XFAIL
+                            and not runners.declares_xfail(spec.format, t, sources)}
     if not run.statuses:
         run.error = f"no test results from the {spec.format} runner"
         if run.tampering is None and not result.timed_out and result.exit_code:
