@@ -452,33 +452,9 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
         # (a memory limit) leaves it empty.
         return None if killed else "the runner's results file is missing or empty"
     if record is not None:
-        if record.malformed:
-            return f"the runner's results were tampered with: {record.malformed}"
-        if not record.ended:
-            # The supervisor writes its end once every process of the run is dead; only a run that
-            # was killed whole (a memory limit, the harness's timeout) has none honestly.
-            return None if killed else "the runner's results have no end record from its supervisor"
-        if exit_code != status_exit_code(record.end_status):
-            return (f"the process exited with {exit_code}, but the supervisor saw the runner end with "
-                    f"{record.end_status}")
-        if not record.started:
-            return "the runner's results are empty"
-        if record.tampered:
-            return f"the code under test used a forger's primitive during the run: {record.tampered}"
-        if record.exit_code is None:
-            return None if killed else "the test runner exited before its final record"
-        if record.exit_code != exit_code:
-            return f"the process exited with {exit_code}, but the test runner returned {record.exit_code}"
-        if record.exit_code in (0, 1) and not record.finished:
-            return "the test session never finished"
-        if record.rewritten:
-            return (f"a test's report was rewritten: {record.rewritten[0]} raised, but was reported "
-                    "passed")
-        if record.bypassed:
-            return (f"{record.bypassed[0]} was not run by pytest: a plugin the repository's code "
-                    "registered called its test function instead")
-        if record.reported_twice:
-            return f"a test was reported twice: {record.reported_twice[0]}"
+        stop, problem = _record_problem_of_run(exit_code, record, killed)
+        if stop:
+            return problem
         if junit is None and record.exit_code in NOT_STARTED_EXIT_CODES and not record.statuses:
             # pytest stopped before its junit plugin was set up (a conftest that cannot be
             # imported: exit 4) and ran no test: the tests could not start, which is no forgery.
@@ -514,4 +490,58 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
                         return f"a canary test that must {kind} did not: {canary}"
         if exit_code == 0:
             return "the runner exited 0 although a canary test failed"
+    return None
+
+
+def _record_problem_of_run(exit_code: int | None, record: RunRecord, killed: bool) -> tuple[bool, str | None]:
+    """Whether the runtime's record of a run (pytest's, or a runner script's) settles the run, and
+    why it cannot be believed (None: it can, or the run was killed whole before it was complete).
+    It must be well formed, ended by the supervisor, agree with the exit status, be complete, and
+    show no rewritten, bypassed or repeated test report; (False, None) when it is all that."""
+    if record.malformed:
+        return True, f"the runner's results were tampered with: {record.malformed}"
+    if not record.ended:
+        # The supervisor writes its end once every process of the run is dead; only a run that
+        # was killed whole (a memory limit, the harness's timeout) has none honestly.
+        return True, None if killed else "the runner's results have no end record from its supervisor"
+    if exit_code != status_exit_code(record.end_status):
+        return True, (f"the process exited with {exit_code}, but the supervisor saw the runner end with "
+                f"{record.end_status}")
+    if not record.started:
+        return True, "the runner's results are empty"
+    if record.tampered:
+        return True, f"the code under test used a forger's primitive during the run: {record.tampered}"
+    if record.exit_code is None:
+        return True, None if killed else "the test runner exited before its final record"
+    if record.exit_code != exit_code:
+        return True, f"the process exited with {exit_code}, but the test runner returned {record.exit_code}"
+    if record.exit_code in (0, 1) and not record.finished:
+        return True, "the test session never finished"
+    if record.rewritten:
+        return True, (f"a test's report was rewritten: {record.rewritten[0]} raised, but was reported "
+                "passed")
+    if record.bypassed:
+        return True, (f"{record.bypassed[0]} was not run by its runner: it was reported passed, but the "
+                      "runner never called its test function (a plugin or a patched runner did)")
+    if record.reported_twice:
+        return True, f"a test was reported twice: {record.reported_twice[0]}"
+    return False, None
+
+
+def check_script_run(*, exit_code: int | None, output: str, record: RunRecord | None) -> str | None:
+    """Why a Django or SymPy run's results (``pytest_runtime/script_runner.py``'s record) cannot be
+    believed, or None. Besides the record's own checks, the runner's status must say what the
+    tests did: it exits 0 exactly when no test failed (a failing test with status 0, or status 1
+    with none, is a forced status or a result object bent the other way)."""
+    killed = exit_code in KILLED_EXIT_CODES or KILLED_MARK in output
+    if record is None:
+        return None if killed else "the runner's results file is missing or empty"
+    stop, problem = _record_problem_of_run(exit_code, record, killed)
+    if stop:
+        return problem
+    failed = any(status in FAILING for status in record.statuses.values())
+    if record.exit_code == 0 and failed:
+        return "the test runner exited 0, but a test failed"
+    if record.exit_code == 1 and record.statuses and not failed:
+        return "the test runner exited 1, but every test it ran passed"
     return None

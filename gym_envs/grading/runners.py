@@ -2,9 +2,13 @@
 
 A runner says two things: how a task's test ids become command-line arguments, and how each
 test's outcome is read back. pytest writes junit XML (:mod:`.grading`); these two runners write no
-structured results, so their outcomes are read from their verbose output, the way SWE-bench's log
-parsers read them. Code under test can print lines that look like results, so the verifier only
-trusts a run whose exit code agrees with what was read (:attr:`.testrun.TestRun.consistent`).
+structured results. patchgym starts them under its runtime (``pytest_runtime/script_runner.py``,
+:func:`script_invocation`) and reads each test from a recorder inside the runner
+(:func:`statuses_from_record` turns its ids into SWE-bench's). Where the runtime cannot be used
+(:func:`.testrun._run_script` says when), their outcomes are read from their verbose output, the
+way SWE-bench's log parsers read them; code under test can print lines that look like results, so
+the verifier then only trusts a run whose exit code agrees with what was read
+(:attr:`.testrun.TestRun.consistent`).
 
 Test ids are SWE-bench's:
 
@@ -18,12 +22,15 @@ Test ids are SWE-bench's:
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from gym_envs.grading.outcome import TestStatus
 from gym_envs.grading.patches import split_diff
+from gym_envs.grading.pyast import parse as parse_python
 
 # Files of a test patch that are not tests to run (SWE-bench's NON_TEST_EXTS).
 NON_TEST_EXTS = (".json", ".png", ".csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
@@ -41,6 +48,8 @@ _SYMPY_FILE = re.compile(r"^(?P<path>\S+\.py)\[(?P<count>\d+|\?)\]\s*(?P<rest>.*
 _SYMPY_TEST = re.compile(r"^(?P<name>test_\w+)(?:\s+(?P<rest>.*))?$")
 _SYMPY_HEADER = re.compile(r"^_+ (?P<path>\S+\.py)::?(?P<name>test_\w+) _+$")
 _SYMPY_FILE_MARK = re.compile(r"\s*\[(?:OK|FAIL)\]$")
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+PYTHON_WORD = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 
 
 def _status_word(word: str) -> TestStatus | None:
@@ -114,7 +123,7 @@ def django_labels(tests: Sequence[str], files: Sequence[str] = ()) -> list[str]:
     return list(dict.fromkeys([*modules, *outside]))
 
 
-def _django_aliases(test_id: str) -> list[str]:
+def django_aliases(test_id: str) -> list[str]:
     """The same test in the other Python's wording (``(m.C)`` before 3.11, ``(m.C.name)`` after)."""
     m = _DJANGO_ID.match(test_id)
     if not m:
@@ -134,7 +143,7 @@ def _django_keys(name: str) -> list[str]:
     m = _DJANGO_ID_PREFIX.match(name)
     if m:  # "test_x (m.C) (i=2)": a subtest's line counts for its test
         name = m["id"]
-    return [name, *_django_aliases(name)]
+    return [name, *django_aliases(name)]
 
 
 def parse_django_log(text: str) -> dict[str, TestStatus]:
@@ -276,6 +285,105 @@ def sympy_command(command: str, tests: Sequence[str], files: Sequence[str] = ())
         command += " --verbose"
     paths = [f for f in files if f.endswith(".py")] or [t for t in tests if t.endswith(".py") or "/" in t]
     return f"{command} {_quoted(paths)}".rstrip()
+
+
+@dataclass(frozen=True)
+class ScriptInvocation:
+    """A runner command patchgym's runtime can start (``pytest_runtime/script_runner.py``): what runs
+    before the interpreter (``VAR=value`` words), the ``-W`` options ``PYTHONWARNINGS`` asked for
+    (``-I`` makes the interpreter ignore the variable), the script and its arguments, each
+    shell-quoted."""
+
+    env: str
+    warnings: str
+    python: str
+    script: str
+    args: str
+
+
+_RUNNER_SCRIPTS = {"django": ("tests/runtests.py",), "sympy": ("bin/test",)}
+
+
+def script_invocation(fmt: str, command: str) -> ScriptInvocation | None:
+    """Split a Django or SymPy runner command (``[VAR=value ...] [python] ./tests/runtests.py ARGS``,
+    ``[VAR=value ...] [python] bin/test ARGS``) for the runtime; None for anything else (a wrapper
+    script, several steps), which is then run as written and read from its output."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    env = []
+    while words and ENV_ASSIGNMENT.match(words[0]):
+        env.append(words.pop(0))
+    python = "python"
+    if words and PYTHON_WORD.match(words[0]):
+        python = words.pop(0)
+    scripts = _RUNNER_SCRIPTS.get(fmt, ())
+    if not words or words[0].removeprefix("./") not in scripts or any(w in ("&&", "||", ";", "|") for w in words):
+        return None
+    warnings = [f"-W {shlex.quote(option)}" for e in env if e.startswith("PYTHONWARNINGS=")
+                for option in e.split("=", 1)[1].split(",") if option]
+    return ScriptInvocation(env="".join(shlex.quote(e) + " " for e in env), warnings=" ".join(warnings),
+                            python=shlex.quote(python), script=shlex.quote(words[0]),
+                            args=" ".join(shlex.quote(a) for a in words[1:]))
+
+
+def statuses_from_record(fmt: str, statuses: dict[str, TestStatus],
+                         aliases: dict[str, list[str]]) -> dict[str, TestStatus]:
+    """The runtime's records (ids in the runner's own words) as the ids SWE-bench's parsers give:
+    Django's in both Pythons' wordings and by docstring line; SymPy's by bare function name (a
+    file that failed to import, by its path)."""
+    out: dict[str, TestStatus] = {}
+    for nodeid, status in statuses.items():
+        if fmt == "django":
+            keys = [*_django_keys(nodeid), *aliases.get(nodeid, [])]
+        else:
+            path, _, name = nodeid.partition("::")
+            keys = [name.split("[", 1)[0] if name else path]
+        for key in keys:
+            _record(out, key, status)
+    return out
+
+
+def _decorated(node: ast.AST, word: str) -> bool:
+    for decorator in getattr(node, "decorator_list", ()):
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name == word:
+            return True
+    return False
+
+
+def declares_xfail(fmt: str, test_id: str, sources: dict[str, bytes | None]) -> bool:
+    """Whether the test files as written (``sources``, read before anything of the agent's ran)
+    mark ``test_id`` as an expected failure: ``@expectedFailure`` on its method or class (Django;
+    a docstring id: anywhere in the test files), ``@XFAIL`` on its function (SymPy). An expected
+    failure set at run time (``__unittest_expecting_failure__`` on an instance, a test's outcome
+    object) is the code under test's, and does not stand in for a pass."""
+    trees = []
+    for path, source in sources.items():
+        try:
+            trees.append((path, parse_python(source or b"")))
+        except (SyntaxError, ValueError):
+            continue
+    if fmt == "sympy":
+        return any(isinstance(node, ast.FunctionDef) and node.name == test_id and _decorated(node, "XFAIL")
+                   for _, tree in trees for node in tree.body)
+    label = django_label(test_id)
+    if label is None:
+        return any(_decorated(node, "expectedFailure") for _, tree in trees for node in ast.walk(tree))
+    where, _, method = label.rpartition(".")
+    module, _, class_name = where.rpartition(".")
+    for path, tree in trees:
+        if django_module_label(path) != module:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == class_name:
+                if _decorated(node, "expectedFailure"):
+                    return True
+                return any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method
+                           and _decorated(item, "expectedFailure") for item in node.body)
+    return False
 
 
 def parse_log(fmt: str, text: str) -> dict[str, TestStatus]:

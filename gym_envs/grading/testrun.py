@@ -8,13 +8,13 @@ when a task is made and when it is graded.
 
 from __future__ import annotations
 
-import re
+import json
 import shlex
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gym_envs.grading import integrity, labels, runners
+from gym_envs.grading import integrity, labels, runners, script_canaries
 from gym_envs.grading.declared import DeclaredTests, conftests_of, files_of
 from gym_envs.grading.outcome import JunitError, TestStatus, parse_junit
 from gym_envs.grading.patch_apply import apply_patch, stage_patch
@@ -132,7 +132,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     canaries (a fresh secret when None).
     """
     if spec.format != "pytest":
-        return _run_logged(sandbox, spec, tests, files)
+        return _run_script(sandbox, spec, tests, files, harness)
     harness = harness or place_harness_files(sandbox)
     junit, results, runtime = harness.junit, harness.results, harness.runtime
     requested = list(dict.fromkeys(tests))
@@ -244,10 +244,6 @@ def _read_results(sandbox: Sandbox, path: str, run: TestRun, parse, what: str):
         return None
 
 
-_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PYTHON = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
-
-
 def pytest_invocation(command: str) -> tuple[str, str, str] | None:
     """Split a pytest command into (what runs before pytest, interpreter, pytest arguments), each
     shell-quoted, for ``python -m pytest ...``, ``pytest ...`` and ``py.test ...`` (with leading
@@ -263,9 +259,9 @@ def pytest_invocation(command: str) -> tuple[str, str, str] | None:
     except ValueError:
         return None
     env = []
-    while words and _ENV_ASSIGNMENT.match(words[0]):
+    while words and runners.ENV_ASSIGNMENT.match(words[0]):
         env.append(words.pop(0))
-    if len(words) >= 3 and _PYTHON.match(words[0]) and words[1:3] == ["-m", "pytest"]:
+    if len(words) >= 3 and runners.PYTHON_WORD.match(words[0]) and words[1:3] == ["-m", "pytest"]:
         python, args = words[0], words[3:]
     elif words and words[0] in ("pytest", "py.test"):
         python, args = "python", words[1:]
@@ -273,6 +269,133 @@ def pytest_invocation(command: str) -> tuple[str, str, str] | None:
         return None
     prefix = "".join(shlex.quote(e) + " " for e in env)
     return prefix, shlex.quote(python), " ".join(shlex.quote(a) for a in args)
+
+
+# Python the runtime needs (PEP 578 audit hooks, sys.pycache_prefix); older interpreters (SWE-bench's
+# Django 1.9-3.0 environments run 3.5-3.6) run the runner as written, read from its output.
+RUNTIME_MIN_PYTHON = (3, 8)
+
+
+# The runner modules the runtime's recorder wraps (pytest_runtime/script_runner.py's SYMPY_RUNNERS):
+# test-support files, so the agent's patch cannot add, change or remove them.
+RECORDED_RUNNER_FILES = {"sympy": ("sympy/testing/runtests.py", "sympy/utilities/runtests.py")}
+
+
+def _runtime_can_run(sandbox: Sandbox, fmt: str, python: str) -> bool:
+    """Whether patchgym's runtime can run this runner: ``python`` is recent enough (asked with
+    ``-I`` from ``/``, so nothing of the repository's takes part in the answer), and for SymPy the
+    repository has SymPy's runner module, whose reporter the runtime records from."""
+    check = f"import sys; sys.exit(0 if sys.version_info[:2] >= {RUNTIME_MIN_PYTHON!r} else 1)"
+    command = f"(cd / && {python} -I -c {shlex.quote(check)})"
+    files = RECORDED_RUNNER_FILES.get(fmt)
+    if files:
+        command += " && { " + " || ".join(f"test -f {shlex.quote(f)}" for f in files) + "; }"
+    return sandbox.exec(command, timeout=120).ok
+
+
+def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: Sequence[str],
+                harness: HarnessFiles | None) -> TestRun:
+    """Run Django's or SymPy's runner under patchgym's runtime (``pytest_runtime/script_runner.py``:
+    the pytest runtime's isolated start, supervisor and audit hook, and a recorder inside the
+    runner's result objects), its outcomes read from the runtime's records alone: what the
+    runner prints is never read. A command the runtime cannot take over (not the runner script
+    itself: a wrapper, several steps), an interpreter older than :data:`RUNTIME_MIN_PYTHON`, or a
+    SymPy-style runner without SymPy's runner module runs as written, its outcomes read from its
+    output (:func:`_run_logged`)."""
+    command = runners.build_command(spec.format, spec.command, tests, files)
+    invocation = runners.script_invocation(spec.format, command)
+    if invocation is None or not _runtime_can_run(sandbox, spec.format, invocation.python):
+        return _run_logged(sandbox, spec, tests, files)
+    harness = harness or place_harness_files(sandbox)
+    requested = list(dict.fromkeys(tests))
+    # The test files as written, read before anything of the agent's has run: what XFAIL they declare.
+    sources = {f: _read_source(sandbox, f) for f in files if f.endswith(".py")}
+    canaries = _place_script_canaries(sandbox, spec.format, requested, list(files)) if requested else None
+    if canaries is not None:  # their labels among the hidden tests' (Django); SymPy runs whole files
+        shown = command
+        command = runners.build_command(spec.format, spec.command,
+                                        integrity.interleave(requested, canaries), files)
+        invocation = runners.script_invocation(spec.format, command) or invocation
+        command = shown  # the command reported is the task's, without the canaries' labels
+    hidden = " ".join(f"--hidden {shlex.quote(f)}" for f in files if f.endswith(".py"))
+    parts = [f"{invocation.env}PATCHGYM_RESULTS={harness.results}", invocation.python, "-I -B", invocation.warnings,
+             f"{harness.runtime}/script_runner.py --format {spec.format}", hidden, "--", invocation.script,
+             invocation.args]
+    start = " ".join(p for p in parts if p)
+    result = sandbox.exec(start, timeout=spec.timeout, env=NO_BYTECODE_ENV, output_limit=LOG_LIMIT)
+    run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
+                  exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds,
+                  canaries=canaries is not None)
+    text = _read_results(sandbox, harness.results, run, lambda t: t, "results")
+    record = integrity.parse_record(text) if text is not None else None
+    if (record is None or not record.started) and START_FAILED in result.output:
+        _check_script_runtime_starts(sandbox, invocation.python)
+    if run.tampering is None and not result.timed_out:
+        run.tampering = integrity.check_script_run(exit_code=result.exit_code, output=result.output, record=record)
+    if record is None or record.exit_code is None:
+        run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
+                                                                      if result.timed_out else "")
+        return run
+    statuses = runners.statuses_from_record(spec.format, record.statuses, _record_aliases(text or ""))
+    if canaries is not None:
+        if run.tampering is None and not result.timed_out and record.exit_code in (0, 1):
+            run.tampering = canaries.problem(statuses, record.exit_code)
+        statuses = {t: s for t, s in statuses.items() if not canaries.owns(t)}
+    run.statuses = statuses
+    run.undeclared_xfail = {t for t in requested if statuses.get(t) is TestStatus.XFAIL
+                            and not runners.declares_xfail(spec.format, t, sources)}
+    if not run.statuses:
+        run.error = f"no test results from the {spec.format} runner"
+        if run.tampering is None and not result.timed_out and result.exit_code:
+            run.could_not_start = labels.first_error_line(result.output) or run.error
+    return run
+
+
+def _place_script_canaries(sandbox: Sandbox, fmt: str, requested: list[str],
+                           files: list[str]) -> script_canaries.ScriptCanaries | None:
+    """Write canaries into the hidden tests' module (:mod:`.script_canaries`); None where there is
+    no module of the test patch's to put them in, or it is not a regular file."""
+    if fmt == "django":
+        target = script_canaries.django_target(requested, files)
+        path = target[0] if target else None
+    else:
+        path = script_canaries.sympy_target(files)
+    if path is None:
+        return None
+    source = _read_source(sandbox, path)
+    if source is None:
+        return None
+    if fmt == "django":
+        assert target is not None
+        canaries = script_canaries.django_canaries(path, source, target[1], target[2])
+    else:
+        canaries = script_canaries.sympy_canaries(path, source, set(requested))
+    if canaries is not None:
+        sandbox.write_file(path, canaries.content)
+    return canaries
+
+
+def _record_aliases(text: str) -> dict[str, list[str]]:
+    """Each reported test's other names (a unittest test's docstring line), from the records."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == "report" and isinstance(event.get("nodeid"), str):
+            names = event.get("aliases")
+            if isinstance(names, list):
+                out.setdefault(event["nodeid"], []).extend(n for n in names if isinstance(n, str) and n)
+    return out
+
+
+def _check_script_runtime_starts(sandbox: Sandbox, python: str) -> None:
+    """The runtime printed that it could not start, and wrote no results: infrastructure only if
+    the interpreter cannot import what the runtime needs with the repository out of the way."""
+    probe = sandbox.exec(f"cd / && {python} -I -c 'import unittest, runpy, json'", timeout=120)
+    if not probe.ok:
+        raise SandboxError(f"the test environment's interpreter cannot start the runtime: {probe.output[-2000:]}")
 
 
 def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: Sequence[str]) -> TestRun:

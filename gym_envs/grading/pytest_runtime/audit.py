@@ -172,6 +172,7 @@ class Policy:
             if _python_callable(installed):
                 name = getattr(installed, "__qualname__", type(installed).__name__)
                 _tampered(self, f"{event}({name})", (), filename, line)
+        self.stdlib_getframe = False  # see stdlib_frames_own
 
     def trust_loaded_modules(self):
         """Trust the files of every module loaded so far: the runner, imported before the repository
@@ -196,6 +197,17 @@ class Policy:
         # site-packages may sit inside the stdlib's directory (/usr/local/lib/python3.X/site-packages).
         return filename.startswith("<") or (filename.startswith(self.stdlib)
                                             and not filename.startswith(self.installed))
+
+    def stdlib_frames_own(self, frame):
+        """Whether ``frame`` (the code that called ``sys._getframe``) is the standard library's and
+        the policy leaves such calls alone (``stdlib_getframe``): ``collections.namedtuple`` or
+        ``typing`` asking for their caller's module while a stdlib module is imported, from C, land
+        on the import machinery's frames; the frame goes to the stdlib, not to the code that caused
+        the import. Off for pytest, whose stdlib is imported before the repository is importable."""
+        if not self.stdlib_getframe or frame is None:
+            return False
+        filename = frame.f_code.co_filename
+        return filename.startswith(self.stdlib) and not filename.startswith(self.installed)
 
     def caller(self, frame):
         """The first frame from ``frame`` up that is neither stdlib nor interpreter-made."""
@@ -335,6 +347,8 @@ def install(policy):
             if policy.pending:
                 policy.check_pending()
             if not policy.suspect(event, args):
+                return
+            if event == "sys._getframe" and policy.stdlib_frames_own(getframe(1)):
                 return
             frame = policy.caller(getframe(1))
             filename = frame.f_code.co_filename if frame is not None else "<unknown>"
