@@ -349,3 +349,137 @@ def test_an_inflating_patch_is_the_agents_failure(task):
     report = Verifier(sandbox_factory("local")).verify(task, patch)
     assert_refused(report_dict(report), task, NoEffect(), report.test_output)
     assert "binary patch data holds more than 10 bytes" in report.error
+
+
+# -- the environment's bytecode prefix (read-only, checked-hash) -----------------------------------
+
+def _checked_pyc(source: str, imported_as: str, prefix: Path, mode) -> Path:
+    """``source`` compiled as the pyc that ``sys.pycache_prefix = prefix`` finds for ``imported_as``."""
+    import importlib.util
+    import py_compile
+    import sys
+
+    src = prefix.parent / "pg-src.py"
+    src.write_text(source)
+    before, sys.pycache_prefix = sys.pycache_prefix, str(prefix)
+    try:
+        cfile = importlib.util.cache_from_source(imported_as)
+    finally:
+        sys.pycache_prefix = before
+    py_compile.compile(str(src), cfile=cfile, dfile=imported_as, doraise=True, invalidation_mode=mode)
+    return Path(cfile)
+
+
+def _import_with_prefix(tree: Path, prefix: Path) -> str:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-I", "-X", f"pycache_prefix={prefix}", "-c",
+                           f"import sys; sys.path.insert(0, {str(tree)!r}); import m; print(m.VALUE)"], cwd=tree, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_a_stale_or_forged_checked_hash_pyc_in_the_prefix_is_not_used(tmp_path):
+    """What the prefix holds is checked-hash: a pyc of other source (stale after a patch changed the
+    file, or forged from the fixed module) is not used, the source is. An unchecked-hash pyc would
+    be (the control): which is why the prefix holds only what the environment build compiled, and
+    nothing the agent runs can write to it (the tests below)."""
+    from py_compile import PycInvalidationMode
+
+    tree, prefix = tmp_path / "tree", tmp_path / "prefix"
+    tree.mkdir()
+    (tree / "m.py").write_text("VALUE = 'source'\n")
+    cfile = _checked_pyc("VALUE = 'forged'\n", str(tree / "m.py"), prefix, PycInvalidationMode.CHECKED_HASH)
+    assert _import_with_prefix(tree, prefix) == "source"
+    _checked_pyc("VALUE = 'forged'\n", str(tree / "m.py"), prefix, PycInvalidationMode.UNCHECKED_HASH)
+    assert _import_with_prefix(tree, prefix) == "forged"  # the control: unchecked is trusted blindly
+    _checked_pyc("VALUE = 'source'\n", str(tree / "m.py"), prefix, PycInvalidationMode.CHECKED_HASH)
+    assert _import_with_prefix(tree, prefix) == "source" and cfile.exists()
+
+
+def test_the_compile_script_writes_only_checked_hash_pycs_at_the_imported_paths(tmp_path):
+    import subprocess
+    import sys
+
+    from sandboxes.bytecode import COMPILER
+
+    tree, prefix = tmp_path / "checkout", tmp_path / "prefix"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("")
+    (tree / "pkg" / "m.py").write_text("VALUE = 1\n")
+    (tree / "pkg" / "data.py").write_text("def broken(:\n")
+    proc = subprocess.run([sys.executable, "-I", str(COMPILER), str(prefix), f"{tree}=/testbed"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    tag = sys.implementation.cache_tag
+    pycs = sorted(p.relative_to(prefix).as_posix() for p in prefix.rglob("*.pyc"))
+    assert pycs == [f"testbed/pkg/__init__.{tag}.pyc", f"testbed/pkg/m.{tag}.pyc"]
+    for pyc in prefix.rglob("*.pyc"):
+        assert int.from_bytes(pyc.read_bytes()[4:8], "little") == 0b11, pyc  # PEP 552: hash-based, checked
+    again = subprocess.run([sys.executable, "-I", str(COMPILER), str(prefix), f"{tree}=/testbed"],
+                           capture_output=True, text=True, timeout=120)
+    assert again.stdout.startswith("0 pycs written"), again.stdout  # up to date: nothing rewritten
+
+
+def test_the_runtime_takes_a_prefix_only_outside_the_repository_and_not_writable(tmp_path, monkeypatch):
+    monkeypatch.setattr(bootstrap, "WORKSPACE", str(tmp_path / "testbed"))
+    (tmp_path / "testbed" / "pkg").mkdir(parents=True)
+    readonly = tmp_path / "prefix"
+    readonly.mkdir()
+    assert bootstrap.bytecode_prefix(None) == bootstrap.NO_BYTECODE
+    assert bootstrap.bytecode_prefix("relative/prefix") == bootstrap.NO_BYTECODE
+    assert bootstrap.bytecode_prefix(str(tmp_path / "missing")) == bootstrap.NO_BYTECODE
+    for inside in (tmp_path / "testbed", tmp_path / "testbed" / "pkg", tmp_path):  # in it, or holding it
+        monkeypatch.setattr(os, "access", lambda path, mode: False)
+        assert bootstrap.bytecode_prefix(str(inside)) == bootstrap.NO_BYTECODE, inside
+    assert bootstrap.bytecode_prefix(str(readonly)) == str(readonly.resolve())
+    monkeypatch.setattr(os, "access", lambda path, mode: True)  # writable by the test process
+    assert bootstrap.bytecode_prefix(str(readonly)) == bootstrap.NO_BYTECODE
+
+
+@pytest.fixture(scope="module")
+def local_sandbox(task):
+    sandbox = sandbox_factory("local")(task)
+    yield sandbox
+    sandbox.close()
+
+
+def test_the_local_prefix_is_read_only_to_everything_the_agent_runs(local_sandbox):
+    """A forged pyc cannot be put in the prefix: the agent's patch applies inside the workspace
+    (paths leaving it are refused by the parser), and no command in the sandbox (the agent's, or the
+    code under test at grading) can write to it: it is bound read-only."""
+    from sandboxes.bytecode import PREFIX_ENV
+
+    if not local_sandbox.isolated:
+        pytest.skip("the local backend without bubblewrap contains nothing (and names no prefix)")
+    prefix = local_sandbox.env.bytecode
+    assert prefix is not None and prefix.is_dir() and local_sandbox.env.bytecode in local_sandbox.env.mounts
+    named = local_sandbox.exec(f"printf %s \"${PREFIX_ENV}\"", timeout=30).output
+    assert named == str(prefix)
+    attempt = local_sandbox.exec(
+        f'mkdir -p "${PREFIX_ENV}/testbed" ; echo forged > "${PREFIX_ENV}/testbed/x.cpython-311.pyc" ; '
+        f'touch "${PREFIX_ENV}/x"; python -c "import os; print(os.access(os.environ[\'{PREFIX_ENV}\'], os.W_OK))"',
+        timeout=60)
+    assert "Read-only file system" in attempt.output and attempt.output.strip().endswith("False"), attempt.output
+    assert not (prefix / "x").exists() and not (prefix / "testbed" / "x.cpython-311.pyc").exists()
+
+
+def test_the_graded_run_reads_the_prefix_and_a_stale_pyc_there_is_not_used(task, local_sandbox):
+    """The hidden tests run with the environment's prefix (not /dev/null), whose pyc of the module
+    the gold patch fixes is of the base source: stale once gold is applied, so not used (gold
+    resolves: tests/test_reward_forgery.py and above), and the base's source still fails."""
+    if not local_sandbox.isolated:
+        pytest.skip("the local backend without bubblewrap names no prefix")
+    import sys
+
+    module = parse_patch(task.patch)[0].new_path
+    stale = local_sandbox.env.bytecode / "testbed" / module.replace(".py", f".{sys.implementation.cache_tag}.pyc")
+    assert stale.exists(), stale
+    local_sandbox.write_file("test_pg_prefix.py",
+                             "import sys\n\ndef test_prefix():\n"
+                             f"    assert sys.pycache_prefix == {str(local_sandbox.env.bytecode)!r}\n")
+    run = run_tests(local_sandbox, task.test_spec, ["test_pg_prefix.py::test_prefix"])
+    assert run.passed == {"test_pg_prefix.py::test_prefix"}, run.output[-3000:]
+    report = Verifier(sandbox_factory("local")).verify(task, task.patch)
+    assert report.resolved, describe(report_dict(report), report.test_output)

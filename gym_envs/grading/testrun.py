@@ -21,18 +21,20 @@ from gym_envs.grading.patch_apply import apply_patch, stage_patch
 from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from gym_envs.grading.pytest_runtime.bootstrap import NO_BYTECODE, START_FAILED
 from sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
+from sandboxes.bytecode import PREFIX_ENV
 from tasks.backends import SandboxFactory, make_sandbox
 from tasks.model import EnvironmentConfig, Task, TestSpec
 
 LOG_LIMIT = 512 * 1024
-# Every test run reads no bytecode cache (see NO_BYTECODE): a .pyc in the tree (the image's own, or
-# one slipped past the patch filter) is never used in place of its source. pytest started by the
-# runtime gets it from the runtime once pytest is loaded (cheap: the stdlib and pytest keep their
-# installed bytecode); commands it cannot take over (tox, Django's and SymPy's runners) get it here,
-# for the whole run. Not passed to the runtime's run: its test processes' own children would then
-# compile the whole stdlib each (pytester, CLI tests); the patch filter keeps the agent's bytecode
-# out of their way.
-NO_BYTECODE_ENV = {"PYTHONPYCACHEPREFIX": NO_BYTECODE}
+# Every test run reads no bytecode cache from the tree: a .pyc there (the image's own, or one slipped
+# past the patch filter) is never used in place of its source. Its pycache prefix is the
+# environment's read-only bytecode prefix where the sandbox names one (sandboxes.bytecode: checked-hash
+# pycs, used only for a source of the same hash), else NO_BYTECODE. pytest started by the runtime
+# gets it from the runtime once pytest is loaded; commands it cannot take over (tox, Django's and
+# SymPy's runners) get it here, for the whole run. Not passed to the runtime's run: its test
+# processes' own children would then compile the whole stdlib each where there is no prefix
+# (pytester, CLI tests); the patch filter keeps the agent's bytecode out of their way.
+BYTECODE_PREFIX = f'export PYTHONPYCACHEPREFIX="${{{PREFIX_ENV}:-{NO_BYTECODE}}}"\n'
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)
 
 
@@ -152,7 +154,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         selectors = runners.pytest_selectors(integrity.interleave(requested, canaries) if canaries else requested)
     command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
                + " ".join(shlex.quote(t) for t in selectors)).rstrip()
-    result = sandbox.exec(command, timeout=spec.timeout, env=None if invocation is not None else NO_BYTECODE_ENV,
+    result = sandbox.exec(command if invocation is not None else BYTECODE_PREFIX + command, timeout=spec.timeout,
                           output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None,
@@ -267,7 +269,7 @@ def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     command = runners.build_command(spec.format, spec.command, tests, files)
     log_file = f".patchgym-log-{uuid.uuid4().hex}.txt"
     script = f'{{ {command}\n}} 2>&1 | tee {log_file}; exit "${{PIPESTATUS[0]}}"'
-    result = sandbox.exec(script, timeout=spec.timeout, env=NO_BYTECODE_ENV, output_limit=LOG_LIMIT)
+    result = sandbox.exec(BYTECODE_PREFIX + script, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds)
     try:
