@@ -483,3 +483,22 @@ def test_the_graded_run_reads_the_prefix_and_a_stale_pyc_there_is_not_used(task,
     assert run.passed == {"test_pg_prefix.py::test_prefix"}, run.output[-3000:]
     report = Verifier(sandbox_factory("local")).verify(task, task.patch)
     assert report.resolved, describe(report_dict(report), report.test_output)
+
+
+def test_the_docker_prefix_is_in_the_image_root_owned_and_read_by_the_graded_run(task, docker_base):
+    """Docker: the instance image holds the prefix outside /testbed, root's, named in the image's
+    environment; commands (uid 1000, the agent's and the code under test's) cannot write to it, and
+    the graded run uses it."""
+    from sandboxes.bytecode import PREFIX_ENV
+
+    sandbox = sandbox_factory("docker")(task)
+    try:
+        out = sandbox.exec(f'printf "%s\\n" "${PREFIX_ENV}"; touch "${PREFIX_ENV}/x" 2>/dev/null || echo denied; '
+                           f'ls "${PREFIX_ENV}/testbed" >/dev/null && echo listed', timeout=60).output.split()
+        assert out[0] == "/opt/patchgym-bytecode" and out[1:] == ["denied", "listed"], out
+        sandbox.write_file("test_pg_prefix.py", "import sys\n\ndef test_prefix():\n"
+                           "    assert sys.pycache_prefix == '/opt/patchgym-bytecode'\n")
+        run = run_tests(sandbox, task.test_spec, ["test_pg_prefix.py::test_prefix"])
+        assert run.passed == {"test_pg_prefix.py::test_prefix"}, run.output[-3000:]
+    finally:
+        sandbox.close()

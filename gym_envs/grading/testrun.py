@@ -8,11 +8,13 @@ when a task is made and when it is graded.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gym_envs.grading import integrity, labels, runners
 from gym_envs.grading.declared import DeclaredTests, conftests_of, files_of
@@ -102,10 +104,23 @@ def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
                          junit=f".patchgym-junit-{nonce}.xml",
                          test_patch=stage_patch(sandbox, test_patch) if test_patch.strip() else None)
     for name in RUNTIME_FILES:
-        sandbox.write_file(f"{files.runtime}/{name}", (RUNTIME_DIR / name).read_bytes())
+        sandbox.write_file(f"{files.runtime}/{name}", runtime_file(name))
     sandbox.write_file(files.results, b"")
     sandbox.write_file(files.junit, b"")
     return files
+
+
+def runtime_file(name: str) -> bytes:
+    """A runtime file's bytes, read from disk once per version of the file (every grading writes
+    the four of them into its sandbox; a checkout edited while a server runs is still seen)."""
+    path = RUNTIME_DIR / name
+    stat = path.stat()
+    return _read_runtime_file(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_runtime_file(path: Path, mtime_ns: int, size: int) -> bytes:
+    return path.read_bytes()
 
 
 def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
@@ -129,17 +144,19 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     # What the hidden tests' files declare, read before anything of the agent's has run (see
     # gym_envs.grading.declared): an XFAIL or a skip they do not declare is not the test's own.
     test_files = files_of(requested)
-    declared = DeclaredTests({path: _read_source(sandbox, path) for path in test_files},
-                             {path: _read_source(sandbox, path) for path in conftests_of(test_files)})
+    sources = {path: _read_source(sandbox, path) for path in test_files}
+    declared = DeclaredTests(sources, {path: _read_source(sandbox, path) for path in conftests_of(test_files)})
     canaries = None
     if requested:
         path = integrity.canary_path(requested)
-        try:
-            existing: bytes | None = sandbox.read_file(path)
-        except FileNotFoundError:
-            existing = None
-        except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
-            path, existing = integrity.canary_path([]), None
+        existing: bytes | None = sources.get(path)  # the hidden test module, read just above
+        if existing is None:
+            try:
+                existing = sandbox.read_file(path)
+            except FileNotFoundError:
+                existing = None
+            except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
+                path, existing = integrity.canary_path([]), None
         canaries = integrity.make_canaries(path, existing)
         sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
     invocation = pytest_invocation(spec.command)
