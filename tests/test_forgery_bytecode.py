@@ -465,24 +465,54 @@ def test_the_local_prefix_is_read_only_to_everything_the_agent_runs(local_sandbo
     assert not (prefix / "x").exists() and not (prefix / "testbed" / "x.cpython-311.pyc").exists()
 
 
-def test_the_graded_run_reads_the_prefix_and_a_stale_pyc_there_is_not_used(task, local_sandbox):
-    """The hidden tests run with the environment's prefix (not /dev/null), whose pyc of the module
-    the gold patch fixes is of the base source: stale once gold is applied, so not used (gold
-    resolves: tests/test_reward_forgery.py and above), and the base's source still fails."""
+def _compile_into_prefix(env, source: str, imported_as: str, tmp_path: Path) -> None:
+    """What the environment build does for one file (by the environment's own interpreter)."""
+    import subprocess
+
+    src = tmp_path / "pg-source.py"
+    src.write_text(source)
+    script = ("import importlib.util as u, py_compile as c, sys; sys.pycache_prefix = sys.argv[1]; "
+              "c.compile(sys.argv[2], cfile=u.cache_from_source(sys.argv[3]), dfile=sys.argv[3], doraise=True, "
+              "invalidation_mode=c.PycInvalidationMode.CHECKED_HASH)")
+    subprocess.run([str(env.venv / "bin" / "python"), "-I", "-c", script, str(env.bytecode), str(src), imported_as],
+                   check=True, timeout=60)
+
+
+def test_the_graded_run_reads_the_prefix_and_a_stale_or_forged_pyc_there_is_not_used(task, repo, local_sandbox,
+                                                                                     tmp_path):
+    """The hidden tests run with the environment's prefix (not /dev/null). With the base's pyc of
+    the module gold fixes there (stale once gold is applied), gold resolves; with a checked-hash
+    pyc of the *fixed* module there instead (as if one could be put there), the unchanged base
+    still fails. (Written here by the host, standing in for the environment build: nothing in a
+    sandbox can write there, above.)"""
     if not local_sandbox.isolated:
         pytest.skip("the local backend without bubblewrap names no prefix")
     import sys
 
-    module = parse_patch(task.patch)[0].new_path
-    stale = local_sandbox.env.bytecode / "testbed" / module.replace(".py", f".{sys.implementation.cache_tag}.pyc")
-    assert stale.exists(), stale
-    local_sandbox.write_file("test_pg_prefix.py",
-                             "import sys\n\ndef test_prefix():\n"
-                             f"    assert sys.pycache_prefix == {str(local_sandbox.env.bytecode)!r}\n")
+    env = local_sandbox.env
+    local_sandbox.write_file("test_pg_prefix.py", "import sys\n\ndef test_prefix():\n"
+                             f"    assert sys.pycache_prefix == {str(env.bytecode)!r}\n")
     run = run_tests(local_sandbox, task.test_spec, ["test_pg_prefix.py::test_prefix"])
     assert run.passed == {"test_pg_prefix.py::test_prefix"}, run.output[-3000:]
-    report = Verifier(sandbox_factory("local")).verify(task, task.patch)
-    assert report.resolved, describe(report_dict(report), report.test_output)
+
+    module, fixed = _fixed_module(task, repo)
+    imported_as = f"/testbed/{module}"
+    cfile = env.bytecode / "testbed" / module.replace(".py", f".{sys.implementation.cache_tag}.pyc")
+    original = cfile.read_bytes() if cfile.exists() else None  # the environment may be another repo's
+    base = (repo.root / module).read_text()
+    verifier = Verifier(sandbox_factory("local"))
+    try:
+        _compile_into_prefix(env, base, imported_as, tmp_path)
+        report = verifier.verify(task, task.patch)
+        assert report.resolved, describe(report_dict(report), report.test_output)
+        _compile_into_prefix(env, fixed, imported_as, tmp_path)
+        report = verifier.verify(task, repo.diff({"PG_NOTES.txt": b"nothing fixed\n"}))
+        assert_refused(report_dict(report), task, NoEffect(), report.test_output)
+    finally:
+        if original is None:
+            cfile.unlink(missing_ok=True)
+        else:
+            cfile.write_bytes(original)
 
 
 def test_the_docker_prefix_is_in_the_image_root_owned_and_read_by_the_graded_run(task, docker_base):
