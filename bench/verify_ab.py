@@ -1,10 +1,12 @@
 """Verify time of two checkouts of patchgym, A and B: gold on the first N bundled tasks, each
 round one child process per checkout (alternating which goes first), medians of the rounds' totals.
 
-    python bench/verify_ab.py --a $MAIN --b $BRANCH [--rounds 5] [--tasks 6]
+    python bench/verify_ab.py --a $MAIN --b $BRANCH [--rounds 5] [--tasks 6] [--home-a DIR --home-b DIR]
 
 Each child imports patchgym from its checkout (PYTHONPATH) and asserts every gold resolves with no
-tampering; the environments come from the shared caches, so both sides grade the same way.
+tampering; the environments come from the shared caches, so both sides grade the same way, unless
+``--home-a``/``--home-b`` give a side a PATCHGYM_HOME of its own (needed when the two checkouts lay
+their caches out differently, e.g. a tree from before environment attempts against one after).
 """
 
 from __future__ import annotations
@@ -38,13 +40,18 @@ def main() -> None:
     p.add_argument("--b", required=True)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tasks", type=int, default=6)
+    p.add_argument("--home-a", help="PATCHGYM_HOME for A's children (default: the inherited one)")
+    p.add_argument("--home-b", help="PATCHGYM_HOME for B's children (default: the inherited one)")
     args = p.parse_args()
     totals: dict[str, list[float]] = {"a": [], "b": []}
     for r in range(args.rounds):
         for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
             root = os.path.abspath(getattr(args, side))
+            env = {**os.environ, "PYTHONPATH": root}
+            if getattr(args, f"home_{side}"):
+                env["PATCHGYM_HOME"] = os.path.abspath(getattr(args, f"home_{side}"))
             proc = subprocess.run([sys.executable, "-c", CHILD, str(args.tasks)], cwd=root, capture_output=True,
-                                  text=True, env={**os.environ, "PYTHONPATH": root})
+                                  text=True, env=env)
             if proc.returncode:
                 sys.exit(proc.stderr[-3000:])
             data = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -28,6 +28,7 @@ from packaging.version import Version
 from . import python_archives
 from .base import EnvironmentBuildError
 from .build_errors import step_failed
+from .bytecode import PREFIX_NAME, build_prefix
 from .installer import installer_choice, uv_executable, uv_install_argv
 from .lifetime import run_checked
 from .locks import file_lock
@@ -76,13 +77,15 @@ class Interpreter:
 @dataclass(frozen=True)
 class BuiltEnvironment:
     """A ready venv. ``mounts`` are host paths a sandbox must expose read-only for it to run;
-    ``masked`` are paths under them that it must hide."""
+    ``masked`` are paths under them that it must hide; ``bytecode`` is the environment's read-only
+    bytecode prefix (:mod:`sandboxes.bytecode`; one of the mounts), None where it has none."""
 
     key: str
     venv: Path
     interpreter: Interpreter
     mounts: tuple[Path, ...] = field(default=())
     masked: tuple[Path, ...] = field(default=())
+    bytecode: Path | None = None
 
     @property
     def bin_dir(self) -> Path:
@@ -262,11 +265,15 @@ def ensure_environment(
     checkout: Path | None = None,
     checkout_id: str | None = None,
     run_install=None,
+    checkout_as: str | None = None,
 ) -> BuiltEnvironment:
     """Return the cached venv for ``spec``, building it first if needed (once, under a lock).
 
     ``run_install(command, built, log_file)`` runs one ``install`` step against ``checkout``; the
     sandbox backend supplies it so that the step sees the repository where tests will see it.
+    ``checkout_as`` is the path the repository is imported from in a sandbox (``/testbed``): the
+    checkout is compiled into the environment's bytecode prefix as if it sat there (an environment
+    built before prefixes existed gets one the first time it is used).
     """
     interpreter = find_interpreter(spec)
     key = environment_key(spec, interpreter, checkout_id)
@@ -274,14 +281,33 @@ def ensure_environment(
     masked = tuple(Path(d) for d in interpreter.site_packages)
 
     def built_at(venv: Path) -> BuiltEnvironment:
-        return BuiltEnvironment(key, venv, interpreter, (Path(interpreter.base_prefix), venv), masked)
+        prefix = venv.parent / PREFIX_NAME
+        if not prefix.is_dir():
+            return BuiltEnvironment(key, venv, interpreter, (Path(interpreter.base_prefix), venv), masked)
+        return BuiltEnvironment(key, venv, interpreter, (Path(interpreter.base_prefix), venv, prefix), masked,
+                                bytecode=prefix)
+
+    def compile_prefix(venv: Path) -> None:
+        """Build the prefix (under the entry's lock): once; a failed try (its log is there) is not
+        repeated by every sandbox, and what a killed try left is removed."""
+        log_file = venv.parent / "bytecode.log"
+        for stale in venv.parent.glob(f".{PREFIX_NAME}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if log_file.exists() and not (venv.parent / PREFIX_NAME).is_dir():
+            return
+        roots = ["--stdlib", "--site"]
+        if checkout is not None and checkout_as:
+            roots.append(f"{checkout}={checkout_as}")
+        build_prefix(str(venv / "bin" / "python"), venv.parent / PREFIX_NAME, roots, log_file)
 
     venv = ready_venv(root)
-    if venv is not None:
+    if venv is not None and (venv.parent / PREFIX_NAME).is_dir():
         return built_at(venv)
     with file_lock(root.with_suffix(".lock")) as lock_fd:
         venv = ready_venv(root)
         if venv is not None:
+            if venv.parent != root:  # the layout before attempts has no room of its own for a prefix
+                compile_prefix(venv)
             return built_at(venv)
         # Holding the lock proves every earlier builder gone: its processes inherit the lock's
         # descriptor, so an orphan still writing into its attempt keeps the lock held.
@@ -311,6 +337,7 @@ def ensure_environment(
             raise
         except Exception as exc:  # pragma: no cover - unexpected OS errors
             raise EnvironmentBuildError(f"environment {key} failed to build: {exc}") from exc
+        compile_prefix(built.venv)  # before ready.json: a complete entry has its prefix, or failed to
         # Complete only now: ready.json names the attempt, written whole by a rename.
         record = {"attempt": attempt.name, "spec": asdict(spec), "python": interpreter.version,
                   "installer": installer, "seconds": round(time.monotonic() - started, 2)}
@@ -318,7 +345,7 @@ def ensure_environment(
         staged.write_text(json.dumps(record))
         os.rename(staged, root / "ready.json")
         log.info("environment %s built in %.1fs", key, time.monotonic() - started)
-    return built
+    return built_at(built.venv)
 
 
 ATTEMPT_PREFIX = "attempt-"

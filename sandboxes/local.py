@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
+from .bytecode import PREFIX_ENV
 from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
 from .files import read_regular, resolve_in_workspace, write_regular
 from .gitops import Pristine, workspace_diff
@@ -105,6 +106,7 @@ class LocalSandbox(ClosesItself):
             self.env: BuiltEnvironment = ensure_environment(
                 spec.environment, checkout=self._template,
                 checkout_id=f"{spec.repo}@{spec.base_commit}", run_install=self._run_install_step,
+                checkout_as=SANDBOX_WORKDIR,
             )
             self.root.mkdir(parents=True)
             self._hidden = [Path(p) for p in spec.hidden_paths] + list(self.env.masked) + [
@@ -333,6 +335,10 @@ class LocalSandbox(ClosesItself):
             "GIT_PAGER": "cat",
             "TERM": "dumb",
         }
+        if self.isolated and self.env.bytecode is not None:
+            # Bound read-only (it is one of the environment's mounts): the test runtime's pycache
+            # prefix (sandboxes.bytecode). Unisolated commands can write anywhere: they get none.
+            env[PREFIX_ENV] = str(self.env.bytecode)
         if not self.isolated and self.spec.environment.install:
             # Install steps ran against the cached checkout; make this workspace win on imports.
             env["PYTHONPATH"] = str(self.workspace)

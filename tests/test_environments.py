@@ -79,6 +79,27 @@ def test_environment_is_built_once_and_shared(calc_task):
     assert json.loads((first.venv.parent.parent / "ready.json").read_text())["spec"]["packages"] == [PYTEST_PIN]
 
 
+def test_an_environment_is_built_with_a_bytecode_prefix_and_an_old_one_gets_it_when_next_used(calc_task):
+    """The read-only bytecode prefix (sandboxes/bytecode.py) is built with the environment, and an
+    environment built before prefixes gets one the first time it is used; a failed try is not
+    repeated by every sandbox (the environment is then used without one: the /dev/null fallback)."""
+    import shutil
+
+    spec = calc_task.environment.to_spec()
+    built = ensure_environment(spec)
+    prefix = built.bytecode
+    assert prefix is not None and prefix in built.mounts and prefix.parent == built.venv.parent
+    stdlib_pyc = f"json/__init__.{sys.implementation.cache_tag}.pyc"
+    assert list(prefix.rglob(stdlib_pyc)), "the stdlib is compiled into the prefix"
+    shutil.rmtree(prefix)
+    (prefix.parent / "bytecode.log").write_text("a try that failed\n")
+    assert ensure_environment(spec).bytecode is None  # not tried again
+    (prefix.parent / "bytecode.log").unlink()  # as an environment from before prefixes
+    again = ensure_environment(spec)
+    assert again.bytecode == prefix and list(prefix.rglob(stdlib_pyc)) and prefix in again.mounts
+    assert not list(prefix.parent.glob(".bytecode.tmp-*"))
+
+
 def test_install_steps_run_against_the_workspace_path(tmp_path, calc_repo):
     """An editable install made at build time must import each sandbox's own workspace."""
     task = _task(tmp_path, calc_repo, instance_id="fixture__calc-editable", environment={

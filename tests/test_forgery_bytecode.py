@@ -349,3 +349,186 @@ def test_an_inflating_patch_is_the_agents_failure(task):
     report = Verifier(sandbox_factory("local")).verify(task, patch)
     assert_refused(report_dict(report), task, NoEffect(), report.test_output)
     assert "binary patch data holds more than 10 bytes" in report.error
+
+
+# -- the environment's bytecode prefix (read-only, checked-hash) -----------------------------------
+
+def _checked_pyc(source: str, imported_as: str, prefix: Path, mode) -> Path:
+    """``source`` compiled as the pyc that ``sys.pycache_prefix = prefix`` finds for ``imported_as``."""
+    import importlib.util
+    import py_compile
+    import sys
+
+    src = prefix.parent / "pg-src.py"
+    src.write_text(source)
+    before, sys.pycache_prefix = sys.pycache_prefix, str(prefix)
+    try:
+        cfile = importlib.util.cache_from_source(imported_as)
+    finally:
+        sys.pycache_prefix = before
+    py_compile.compile(str(src), cfile=cfile, dfile=imported_as, doraise=True, invalidation_mode=mode)
+    return Path(cfile)
+
+
+def _import_with_prefix(tree: Path, prefix: Path) -> str:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-I", "-X", f"pycache_prefix={prefix}", "-c",
+                           f"import sys; sys.path.insert(0, {str(tree)!r}); import m; print(m.VALUE)"], cwd=tree, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_a_stale_or_forged_checked_hash_pyc_in_the_prefix_is_not_used(tmp_path):
+    """What the prefix holds is checked-hash: a pyc of other source (stale after a patch changed the
+    file, or forged from the fixed module) is not used, the source is. An unchecked-hash pyc would
+    be (the control): which is why the prefix holds only what the environment build compiled, and
+    nothing the agent runs can write to it (the tests below)."""
+    from py_compile import PycInvalidationMode
+
+    tree, prefix = tmp_path / "tree", tmp_path / "prefix"
+    tree.mkdir()
+    (tree / "m.py").write_text("VALUE = 'source'\n")
+    cfile = _checked_pyc("VALUE = 'forged'\n", str(tree / "m.py"), prefix, PycInvalidationMode.CHECKED_HASH)
+    assert _import_with_prefix(tree, prefix) == "source"
+    _checked_pyc("VALUE = 'forged'\n", str(tree / "m.py"), prefix, PycInvalidationMode.UNCHECKED_HASH)
+    assert _import_with_prefix(tree, prefix) == "forged"  # the control: unchecked is trusted blindly
+    _checked_pyc("VALUE = 'source'\n", str(tree / "m.py"), prefix, PycInvalidationMode.CHECKED_HASH)
+    assert _import_with_prefix(tree, prefix) == "source" and cfile.exists()
+
+
+def test_the_compile_script_writes_only_checked_hash_pycs_at_the_imported_paths(tmp_path):
+    import subprocess
+    import sys
+
+    from sandboxes.bytecode import COMPILER
+
+    tree, prefix = tmp_path / "checkout", tmp_path / "prefix"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("")
+    (tree / "pkg" / "m.py").write_text("VALUE = 1\n")
+    (tree / "pkg" / "data.py").write_text("def broken(:\n")
+    proc = subprocess.run([sys.executable, "-I", str(COMPILER), str(prefix), f"{tree}=/testbed"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    tag = sys.implementation.cache_tag
+    pycs = sorted(p.relative_to(prefix).as_posix() for p in prefix.rglob("*.pyc"))
+    assert pycs == [f"testbed/pkg/__init__.{tag}.pyc", f"testbed/pkg/m.{tag}.pyc"]
+    for pyc in prefix.rglob("*.pyc"):
+        assert int.from_bytes(pyc.read_bytes()[4:8], "little") == 0b11, pyc  # PEP 552: hash-based, checked
+    again = subprocess.run([sys.executable, "-I", str(COMPILER), str(prefix), f"{tree}=/testbed"],
+                           capture_output=True, text=True, timeout=120)
+    assert again.stdout.startswith("0 pycs written"), again.stdout  # up to date: nothing rewritten
+
+
+def test_the_runtime_takes_a_prefix_only_outside_the_repository_and_not_writable(tmp_path, monkeypatch):
+    monkeypatch.setattr(bootstrap, "WORKSPACE", str(tmp_path / "testbed"))
+    (tmp_path / "testbed" / "pkg").mkdir(parents=True)
+    readonly = tmp_path / "prefix"
+    readonly.mkdir()
+    assert bootstrap.bytecode_prefix(None) == bootstrap.NO_BYTECODE
+    assert bootstrap.bytecode_prefix("relative/prefix") == bootstrap.NO_BYTECODE
+    assert bootstrap.bytecode_prefix(str(tmp_path / "missing")) == bootstrap.NO_BYTECODE
+    for inside in (tmp_path / "testbed", tmp_path / "testbed" / "pkg", tmp_path):  # in it, or holding it
+        monkeypatch.setattr(os, "access", lambda path, mode: False)
+        assert bootstrap.bytecode_prefix(str(inside)) == bootstrap.NO_BYTECODE, inside
+    assert bootstrap.bytecode_prefix(str(readonly)) == str(readonly.resolve())
+    monkeypatch.setattr(os, "access", lambda path, mode: True)  # writable by the test process
+    assert bootstrap.bytecode_prefix(str(readonly)) == bootstrap.NO_BYTECODE
+
+
+@pytest.fixture(scope="module")
+def local_sandbox(task):
+    sandbox = sandbox_factory("local")(task)
+    yield sandbox
+    sandbox.close()
+
+
+def test_the_local_prefix_is_read_only_to_everything_the_agent_runs(local_sandbox):
+    """A forged pyc cannot be put in the prefix: the agent's patch applies inside the workspace
+    (paths leaving it are refused by the parser), and no command in the sandbox (the agent's, or the
+    code under test at grading) can write to it: it is bound read-only."""
+    from sandboxes.bytecode import PREFIX_ENV
+
+    if not local_sandbox.isolated:
+        pytest.skip("the local backend without bubblewrap contains nothing (and names no prefix)")
+    prefix = local_sandbox.env.bytecode
+    assert prefix is not None and prefix.is_dir() and local_sandbox.env.bytecode in local_sandbox.env.mounts
+    named = local_sandbox.exec(f"printf %s \"${PREFIX_ENV}\"", timeout=30).output
+    assert named == str(prefix)
+    attempt = local_sandbox.exec(
+        f'mkdir -p "${PREFIX_ENV}/testbed" ; echo forged > "${PREFIX_ENV}/testbed/x.cpython-311.pyc" ; '
+        f'touch "${PREFIX_ENV}/x"; python -c "import os; print(os.access(os.environ[\'{PREFIX_ENV}\'], os.W_OK))"',
+        timeout=60)
+    assert "Read-only file system" in attempt.output and attempt.output.strip().endswith("False"), attempt.output
+    assert not (prefix / "x").exists() and not (prefix / "testbed" / "x.cpython-311.pyc").exists()
+
+
+def _compile_into_prefix(env, source: str, imported_as: str, tmp_path: Path) -> None:
+    """What the environment build does for one file (by the environment's own interpreter)."""
+    import subprocess
+
+    src = tmp_path / "pg-source.py"
+    src.write_text(source)
+    script = ("import importlib.util as u, py_compile as c, sys; sys.pycache_prefix = sys.argv[1]; "
+              "c.compile(sys.argv[2], cfile=u.cache_from_source(sys.argv[3]), dfile=sys.argv[3], doraise=True, "
+              "invalidation_mode=c.PycInvalidationMode.CHECKED_HASH)")
+    subprocess.run([str(env.venv / "bin" / "python"), "-I", "-c", script, str(env.bytecode), str(src), imported_as],
+                   check=True, timeout=60)
+
+
+def test_the_graded_run_reads_the_prefix_and_a_stale_or_forged_pyc_there_is_not_used(task, repo, local_sandbox,
+                                                                                     tmp_path):
+    """The hidden tests run with the environment's prefix (not /dev/null). With the base's pyc of
+    the module gold fixes there (stale once gold is applied), gold resolves; with a checked-hash
+    pyc of the *fixed* module there instead (as if one could be put there), the unchanged base
+    still fails. (Written here by the host, standing in for the environment build: nothing in a
+    sandbox can write there, above.)"""
+    if not local_sandbox.isolated:
+        pytest.skip("the local backend without bubblewrap names no prefix")
+    import sys
+
+    env = local_sandbox.env
+    local_sandbox.write_file("test_pg_prefix.py", "import sys\n\ndef test_prefix():\n"
+                             f"    assert sys.pycache_prefix == {str(env.bytecode)!r}\n")
+    run = run_tests(local_sandbox, task.test_spec, ["test_pg_prefix.py::test_prefix"])
+    assert run.passed == {"test_pg_prefix.py::test_prefix"}, run.output[-3000:]
+
+    module, fixed = _fixed_module(task, repo)
+    imported_as = f"/testbed/{module}"
+    cfile = env.bytecode / "testbed" / module.replace(".py", f".{sys.implementation.cache_tag}.pyc")
+    original = cfile.read_bytes() if cfile.exists() else None  # the environment may be another repo's
+    base = (repo.root / module).read_text()
+    verifier = Verifier(sandbox_factory("local"))
+    try:
+        _compile_into_prefix(env, base, imported_as, tmp_path)
+        report = verifier.verify(task, task.patch)
+        assert report.resolved, describe(report_dict(report), report.test_output)
+        _compile_into_prefix(env, fixed, imported_as, tmp_path)
+        report = verifier.verify(task, repo.diff({"PG_NOTES.txt": b"nothing fixed\n"}))
+        assert_refused(report_dict(report), task, NoEffect(), report.test_output)
+    finally:
+        if original is None:
+            cfile.unlink(missing_ok=True)
+        else:
+            cfile.write_bytes(original)
+
+
+def test_the_docker_prefix_is_in_the_image_root_owned_and_read_by_the_graded_run(task, docker_base):
+    """Docker: the instance image holds the prefix outside /testbed, root's, named in the image's
+    environment; commands (uid 1000, the agent's and the code under test's) cannot write to it, and
+    the graded run uses it."""
+    from sandboxes.bytecode import PREFIX_ENV
+
+    sandbox = sandbox_factory("docker")(task)
+    try:
+        out = sandbox.exec(f'printf "%s\\n" "${PREFIX_ENV}"; touch "${PREFIX_ENV}/x" 2>/dev/null || echo denied; '
+                           f'ls "${PREFIX_ENV}/testbed" >/dev/null && echo listed', timeout=60).output.split()
+        assert out[0] == "/opt/patchgym-bytecode" and out[1:] == ["denied", "listed"], out
+        sandbox.write_file("test_pg_prefix.py", "import sys\n\ndef test_prefix():\n"
+                           "    assert sys.pycache_prefix == '/opt/patchgym-bytecode'\n")
+        run = run_tests(sandbox, task.test_spec, ["test_pg_prefix.py::test_prefix"])
+        assert run.passed == {"test_pg_prefix.py::test_prefix"}, run.output[-3000:]
+    finally:
+        sandbox.close()

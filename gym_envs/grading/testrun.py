@@ -8,11 +8,14 @@ when a task is made and when it is graded.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shlex
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gym_envs.grading import integrity, labels, runners, script_canaries
 from gym_envs.grading.declared import DeclaredTests, conftests_of, files_of
@@ -21,18 +24,20 @@ from gym_envs.grading.patch_apply import apply_patch, stage_patch
 from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from gym_envs.grading.pytest_runtime.bootstrap import NO_BYTECODE, START_FAILED
 from sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
+from sandboxes.bytecode import PREFIX_ENV
 from tasks.backends import SandboxFactory, make_sandbox
 from tasks.model import EnvironmentConfig, Task, TestSpec
 
 LOG_LIMIT = 512 * 1024
-# Every test run reads no bytecode cache (see NO_BYTECODE): a .pyc in the tree (the image's own, or
-# one slipped past the patch filter) is never used in place of its source. pytest started by the
-# runtime gets it from the runtime once pytest is loaded (cheap: the stdlib and pytest keep their
-# installed bytecode); commands it cannot take over (tox, Django's and SymPy's runners) get it here,
-# for the whole run. Not passed to the runtime's run: its test processes' own children would then
-# compile the whole stdlib each (pytester, CLI tests); the patch filter keeps the agent's bytecode
-# out of their way.
-NO_BYTECODE_ENV = {"PYTHONPYCACHEPREFIX": NO_BYTECODE}
+# Every test run reads no bytecode cache from the tree: a .pyc there (the image's own, or one slipped
+# past the patch filter) is never used in place of its source. Its pycache prefix is the
+# environment's read-only bytecode prefix where the sandbox names one (sandboxes.bytecode: checked-hash
+# pycs, used only for a source of the same hash), else NO_BYTECODE. pytest started by the runtime
+# gets it from the runtime once pytest is loaded (Django's and SymPy's runners once unittest is);
+# commands it cannot take over (tox, a runner under Python < 3.8) get it here, for the whole run.
+# Not passed to the runtime's run: its test processes' own children would then compile the whole stdlib each where there is no prefix
+# (pytester, CLI tests); the patch filter keeps the agent's bytecode out of their way.
+BYTECODE_PREFIX = f'export PYTHONPYCACHEPREFIX="${{{PREFIX_ENV}:-{NO_BYTECODE}}}"\n'
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)
 
 
@@ -106,13 +111,26 @@ def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
                          junit=f".patchgym-junit-{nonce}.xml",
                          test_patch=stage_patch(sandbox, test_patch) if test_patch.strip() else None)
     for name in RUNTIME_FILES:
-        data = (RUNTIME_DIR / name).read_bytes()
+        data = runtime_file(name)
         if name == "audit.py" and not AUDIT_HOOK:
             data += b"\n\ndef install(policy):  # AUDIT_HOOK is off (bench/canary_forger.py)\n    return None\n"
         sandbox.write_file(f"{files.runtime}/{name}", data)
     sandbox.write_file(files.results, b"")
     sandbox.write_file(files.junit, b"")
     return files
+
+
+def runtime_file(name: str) -> bytes:
+    """A runtime file's bytes, read from disk once per version of the file (every grading writes
+    the four of them into its sandbox; a checkout edited while a server runs is still seen)."""
+    path = RUNTIME_DIR / name
+    stat = path.stat()
+    return _read_runtime_file(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_runtime_file(path: Path, mtime_ns: int, size: int) -> bytes:
+    return path.read_bytes()
 
 
 def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
@@ -139,17 +157,19 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     # What the hidden tests' files declare, read before anything of the agent's has run (see
     # gym_envs.grading.declared): an XFAIL or a skip they do not declare is not the test's own.
     test_files = files_of(requested)
-    declared = DeclaredTests({path: _read_source(sandbox, path) for path in test_files},
-                             {path: _read_source(sandbox, path) for path in conftests_of(test_files)})
+    sources = {path: _read_source(sandbox, path) for path in test_files}
+    declared = DeclaredTests(sources, {path: _read_source(sandbox, path) for path in conftests_of(test_files)})
     canaries = None
     if requested:
         path = integrity.canary_path(requested)
-        try:
-            existing: bytes | None = sandbox.read_file(path)
-        except FileNotFoundError:
-            existing = None
-        except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
-            path, existing = integrity.canary_path([]), None
+        existing: bytes | None = sources.get(path)  # the hidden test module, read just above
+        if existing is None:
+            try:
+                existing = sandbox.read_file(path)
+            except FileNotFoundError:
+                existing = None
+            except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
+                path, existing = integrity.canary_path([]), None
         passing = set(known_passing)
         canaries = integrity.make_canaries(path, existing, passing=sorted(passing),
                                            failing=[t for t in requested if t not in passing], seed=canary_seed)
@@ -166,7 +186,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         selectors = runners.pytest_selectors(integrity.interleave(requested, canaries) if canaries else requested)
     command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
                + " ".join(shlex.quote(t) for t in selectors)).rstrip()
-    result = sandbox.exec(command, timeout=spec.timeout, env=None if invocation is not None else NO_BYTECODE_ENV,
+    result = sandbox.exec(command if invocation is not None else BYTECODE_PREFIX + command, timeout=spec.timeout,
                           output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None,
@@ -322,7 +342,7 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
              f"{harness.runtime}/script_runner.py --format {spec.format}", hidden, "--", invocation.script,
              invocation.args]
     start = " ".join(p for p in parts if p)
-    result = sandbox.exec(start, timeout=spec.timeout, env=NO_BYTECODE_ENV, output_limit=LOG_LIMIT)
+    result = sandbox.exec(start, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds,
                   canaries=canaries is not None)
@@ -404,7 +424,7 @@ def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     command = runners.build_command(spec.format, spec.command, tests, files)
     log_file = f".patchgym-log-{uuid.uuid4().hex}.txt"
     script = f'{{ {command}\n}} 2>&1 | tee {log_file}; exit "${{PIPESTATUS[0]}}"'
-    result = sandbox.exec(script, timeout=spec.timeout, env=NO_BYTECODE_ENV, output_limit=LOG_LIMIT)
+    result = sandbox.exec(BYTECODE_PREFIX + script, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds)
     try:

@@ -72,6 +72,7 @@ from pathlib import Path
 from .. import python_archives
 from ..base import EnvironmentBuildError, SandboxError
 from ..build_errors import step_failed
+from ..bytecode import PREFIX_ENV, compiler_source
 from ..environments import EnvironmentSpec
 from ..installer import uv_executable
 from ..lifetime import run_checked
@@ -117,7 +118,9 @@ PYTHON_STAGE = "/tmp/patchgym-python"  # uv, the archive and its listing, during
 PYTHON_SOURCE_LABEL = "org.patchgym.python-source"  # the archive or mirror an environment's Python came from
 WORKDIR = "/testbed"
 PRISTINE_DIR = "/var/lib/patchgym/testbed"  # the command server's pristine tree (see agent.py)
-INSTANCE_LAYOUT = 3  # part of the instance key: images older than the pristine tree (2), bytecode (3) are rebuilt
+INSTANCE_LAYOUT = 4  # part of the instance key: images older than the pristine tree (2), bytecode (3),
+# the bytecode prefix (4) are rebuilt
+BYTECODE_PREFIX = "/opt/patchgym-bytecode"  # the graded runs' pycache prefix (sandboxes.bytecode), root's
 STANDARD_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CA_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE")
 PIP_CONFIG_FILES = ("/etc/pip.conf",)
@@ -970,6 +973,16 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
         _report(progress, "compiling the repository's bytecode")
         box.run(["sh", "-c", f"{VENV}/bin/python -m compileall -q -j 0 {WORKDIR} >/dev/null 2>&1; true"],
                 what="compiling bytecode", workdir=WORKDIR)
+        # Graded runs read no bytecode from the tree: their pycache prefix is this directory of
+        # checked-hash pycs (the stdlib, the venv, /testbed), outside /testbed and root's, while
+        # commands run as uid 1000 (sandboxes.bytecode). Built under a temporary name, then renamed;
+        # without it (a failure here) graded runs fall back to compiling from source.
+        _report(progress, f"compiling the bytecode prefix {BYTECODE_PREFIX}")
+        staged = f"{BYTECODE_PREFIX}.tmp"
+        box.run(["sh", "-c", f'rm -rf {staged} && {VENV}/bin/python -I -c "$0" {staged} --stdlib --site {WORKDIR} '
+                 f"&& mkdir -p {staged} && chmod -R a+rX,go-w {staged} && mv {staged} {BYTECODE_PREFIX} "
+                 "|| echo 'no bytecode prefix: graded runs compile from source'",
+                 compiler_source()], what="compiling the bytecode prefix")
         parent = posixpath.dirname(PRISTINE_DIR)
         box.run(["sh", "-c", f"mkdir -p {parent} && chmod 700 {parent} && cp -al {WORKDIR} {PRISTINE_DIR}"],
                 what="linking the pristine tree")
@@ -984,7 +997,7 @@ def instance_image(repo: str, base_commit: str, spec: EnvironmentSpec, *, releas
             raise EnvironmentBuildError(f"cannot measure {WORKDIR} in {tag}: {usage.strip()}")
         _report(progress, f"committing {tag}")
         box.commit(INSTANCE_REPO, key, kind="instance", changes=[
-            f"WORKDIR {WORKDIR}", f"LABEL {TESTBED_BYTES_LABEL}={testbed_bytes}",
+            f"WORKDIR {WORKDIR}", f"ENV {PREFIX_ENV}={BYTECODE_PREFIX}", f"LABEL {TESTBED_BYTES_LABEL}={testbed_bytes}",
             f"LABEL {TESTBED_FILES_LABEL}={testbed_files}"])
     return tag
 

@@ -17,13 +17,18 @@ interpreter's and the environment's own directories are importable. Then, in thi
    (what ``python -m pytest`` does), so entry points come only from installed distributions;
 5. the exit status is recorded, and is the process's exit status.
 
-Between 3 and 4, ``sys.pycache_prefix`` is set to :data:`NO_BYTECODE` (a path under ``/dev/null``,
-where nothing can ever be created), so every module imported from then on — the repository's, and
-pytest's assertion-rewritten test modules — is compiled from its source: no bytecode cache found
-in the tree (an image's own, or one the agent's patch slipped in) is read. Setting it on the command
-line instead would also recompile the stdlib and pytest on every run (1.5 s -> 5.2 s to import pytest
-on a loaded 2-core machine). Python < 3.8 has no pycache prefix, and it is not set when the
-repository is pytest itself (:func:`runner_is_the_repository`); there only the patch filter holds.
+Between 3 and 4, ``sys.pycache_prefix`` is set to the environment's bytecode prefix (named by
+``PATCHGYM_BYTECODE_PREFIX``: a directory outside the repository, written only when the environment
+was built, holding checked-hash pycs of the stdlib, site-packages and the repository at its base
+commit; see ``sandboxes/bytecode.py``), or, where the environment has none, to :data:`NO_BYTECODE`
+(a path under ``/dev/null``, where nothing can ever be created). Either way no bytecode cache found
+in the tree (an image's own, or one the agent's patch slipped in) is read from then on: a module
+imported after pytest — the repository's, pytest's assertion-rewritten test modules — comes from a
+pyc whose source hash matches the source it is imported from, or is compiled from its source.
+Setting it on the command line instead would also look up the stdlib and pytest there (with
+``/dev/null``: 1.5 s -> 5.2 s to import pytest on a loaded 2-core machine). Python < 3.8 has no
+pycache prefix, and it is not set when the repository is pytest itself
+(:func:`runner_is_the_repository`); there only the patch filter holds.
 
 Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
 """
@@ -44,6 +49,7 @@ START_FAILED = "patchgym-runtime: the test runner could not start:"
 # A bytecode cache prefix that cannot hold a file (``/dev/null`` is not a directory, even for root):
 # reads find nothing, writes fail silently, and the code under test cannot plant a cache there.
 NO_BYTECODE = "/dev/null/patchgym-no-bytecode"
+PREFIX_ENV = "PATCHGYM_BYTECODE_PREFIX"  # sandboxes.bytecode.PREFIX_ENV (this file imports no patchgym)
 INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR
 # Plugins that pytest marks for assertion rewriting when a run loads them (``-p pytester`` declares
 # ``pytest_plugins = ["_pytest.pytester_assertions"]``): imported beforehand, pytest warns that it
@@ -167,6 +173,18 @@ def runner_is_the_repository():
     return here.startswith(os.path.realpath(WORKSPACE) + os.sep)
 
 
+def bytecode_prefix(named):
+    """The pycache prefix for the run: the environment's bytecode prefix ``named`` by the sandbox,
+    if it is an existing directory outside the repository that this process cannot write (mounted
+    read-only, or root's while the tests run as another user), else :data:`NO_BYTECODE`."""
+    if not named or not os.path.isabs(named) or not os.path.isdir(named) or os.access(named, os.W_OK):
+        return NO_BYTECODE
+    real, workspace = os.path.realpath(named), os.path.realpath(WORKSPACE)
+    if real == workspace or real.startswith(workspace + os.sep) or workspace.startswith(real + os.sep):
+        return NO_BYTECODE
+    return real
+
+
 def _supervised(results):
     """Become the runner under a supervisor (``supervisor.py``: a subreaper that writes the results
     file once every process of the run is dead); the reporter's end of the records pipe."""
@@ -210,6 +228,7 @@ def _guard(reporter, results, args):
 
 def main():
     results = os.environ.pop("PATCHGYM_RESULTS", None)
+    prefix = bytecode_prefix(os.environ.pop(PREFIX_ENV, None))
     if not results:
         sys.stderr.write(START_FAILED + " PATCHGYM_RESULTS is not set\n")
         return 3
@@ -224,7 +243,7 @@ def main():
         policy.trust_loaded_modules()
         import pytest
         if not runner_is_the_repository():
-            sys.pycache_prefix = NO_BYTECODE
+            sys.pycache_prefix = prefix
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
         return 3

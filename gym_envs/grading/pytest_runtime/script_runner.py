@@ -12,8 +12,9 @@ anything of the repository is importable (``-I`` keeps the working directory off
 3. patchgym's recorder is put into the runner: for ``django`` (any ``unittest`` runner) the
    methods of ``unittest.TestResult`` every result class inherits, for ``sympy`` the methods of
    ``PyTestReporter`` as ``sympy.testing.runtests`` (``sympy.utilities.runtests`` before 1.6) is
-   imported; ``sys.pycache_prefix`` is set to ``bootstrap.NO_BYTECODE`` (no bytecode cache from the
-   tree is ever read);
+   imported; ``sys.pycache_prefix`` is set to the environment's read-only, checked-hash bytecode
+   prefix (``bootstrap.bytecode_prefix``; else ``bootstrap.NO_BYTECODE``): no bytecode cache from
+   the tree is ever read;
 4. the script runs as ``python SCRIPT ARGS`` would run it (``runpy``, its directory first on
    ``sys.path``); the status it exits with is recorded (``finish``, ``exit``) and is the process's.
 
@@ -372,6 +373,7 @@ def main():
         return 3
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(HERE)]
     bootstrap = _load_runtime_module("bootstrap")
+    prefix = bootstrap.bytecode_prefix(os.environ.pop(bootstrap.PREFIX_ENV, None))
     sys.meta_path.insert(0, bootstrap.StdlibFirst())
     fd = _load_runtime_module("supervisor").supervise(results)
     try:
@@ -385,7 +387,7 @@ def main():
 
         policy.trust_loaded_modules()
         (UnittestRecorder if fmt == "django" else SympyRecorder)(records).install()
-        sys.pycache_prefix = bootstrap.NO_BYTECODE
+        sys.pycache_prefix = prefix
         path = os.path.abspath(script)
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
