@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import shlex
 import uuid
 from collections.abc import Sequence
