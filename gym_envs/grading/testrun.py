@@ -35,7 +35,8 @@ LOG_LIMIT = 512 * 1024
 # gets it from the runtime once pytest is loaded (Django's and SymPy's runners once unittest is);
 # commands it cannot take over (tox, a runner under Python < 3.8) get it here, for the whole run.
 # Not passed to the runtime's run: its test processes' own children would then compile the whole
-# stdlib each where there is no prefix (pytester, CLI tests); the patch filter keeps the agent's bytecode out of their way.
+# stdlib each where there is no prefix (pytester, CLI tests); the patch filter keeps the agent's
+# bytecode out of their way.
 BYTECODE_PREFIX = f'export PYTHONPYCACHEPREFIX="${{{PREFIX_ENV}:-{NO_BYTECODE}}}"\n'
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)
 
