@@ -39,6 +39,11 @@ class ScriptCanaries:
     def ids(self) -> list[str]:
         return [*self.must_pass, *self.must_fail]
 
+    def original(self, canary: str) -> str | None:
+        """None: these canaries stand on their own (``integrity.interleave`` places a copy of a
+        module's test after its original; these are no copies)."""
+        return None
+
     def owns(self, test_id: str) -> bool:
         """Whether ``test_id`` is a canary, in any of the runner's wordings."""
         return test_id in self.ids or any(test_id == alias for c in self.ids for alias in runners.django_aliases(c))
