@@ -158,6 +158,7 @@ class Policy:
         self.started = time.time()
         self._verdicts = {}  # filename -> trusted
         self.pending = {}  # event -> (file, line) of an untrusted sys.setprofile/settrace to judge
+        self.stdlib_getframe = False  # see stdlib_frames_own
 
     def note_hook(self, event, filename, line):
         """An untrusted caller installs a profile or trace function: judged by :meth:`check_pending`."""
@@ -172,7 +173,6 @@ class Policy:
             if _python_callable(installed):
                 name = getattr(installed, "__qualname__", type(installed).__name__)
                 _tampered(self, f"{event}({name})", (), filename, line)
-        self.stdlib_getframe = False  # see stdlib_frames_own
 
     def trust_loaded_modules(self):
         """Trust the files of every module loaded so far: the runner, imported before the repository
