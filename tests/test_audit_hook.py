@@ -73,6 +73,8 @@ CONTROLS = {
     "gc collected": "import gc\ngc.collect()\ngc.disable()\ngc.enable()\n",
     # sqlfluff's CLI starts cProfile for --profiler, and its tests run that option.
     "cProfile started and stopped": "import cProfile\n_p = cProfile.Profile()\n_p.enable()\nsum(range(9))\n_p.disable()\n",
+    # sqlfluff's linter walks the directory it is given, `.` included: into the runtime's directory.
+    "the workspace walked": "import os\n_walked = [names for _, _, names in os.walk('.')]\n",
     "cProfile left running": "import cProfile\n_q = cProfile.Profile()\n_q.enable()\n",
     "trace function cleared": "import sys\nsys.settrace(None)\nsys.setprofile(None)\n",
 }
