@@ -220,6 +220,74 @@ def test_the_prefix_is_left_alone_only_where_pytest_is_the_repository(monkeypatc
     assert bootstrap.runner_is_the_repository()
 
 
+_IMPORTS = """
+import sys
+sys.path.insert(0, {runtime!r})
+import bootstrap
+if {keep!r}:
+    bootstrap.read_installed_bytecode({dirs!r}, {workspace!r})
+sys.pycache_prefix = bootstrap.NO_BYTECODE
+sys.path[:0] = {path!r}
+names = []
+for name in ("forged", "in_tree_venv", "linked_in", "legacy"):
+    try:
+        names.append(__import__(name).VALUE)
+    except SyntaxError as exc:
+        names.append(type(exc).__name__)
+print(" ".join(names))
+"""
+
+
+def _cached(directory: Path, name: str, source: str, cache: str | None = None) -> None:
+    """``name.py`` holding ``source`` and its ``__pycache__`` entry compiled from ``cache``
+    (unchecked-hash: read whatever the source says) or, without one, from ``source`` itself."""
+    import importlib.util
+    import py_compile
+    import warnings
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.py").write_text(source)
+    compiled = directory / f"_{name}_cache.py"
+    compiled.write_text(cache if cache is not None else source)
+    mode = py_compile.PycInvalidationMode.UNCHECKED_HASH if cache is not None else py_compile.PycInvalidationMode.TIMESTAMP
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as pip compiles an installed distribution
+        target = importlib.util.cache_from_source(str(directory / f"{name}.py"))
+        py_compile.compile(str(compiled), cfile=target, doraise=True, invalidation_mode=mode)
+    if cache is None:  # a timestamp pyc checks the source's mtime and size: make them the source's
+        os.utime(directory / f"{name}.py", (compiled.stat().st_atime, compiled.stat().st_mtime))
+    compiled.unlink()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_installed_code_reads_its_own_bytecode_and_the_tree_still_does_not(keep, tmp_path):
+    """flask-4045 (SWE-bench Lite): flask's ``filterwarnings = error`` turned blinker's ``invalid
+    escape sequence`` into a SyntaxError when the pycache prefix made every installed module
+    compile from source; installed modules read their own cache again (``keep``; without it, the
+    control, the SyntaxError comes back). A forged cache in the tree, in a venv inside the tree, or
+    under an installed directory's link into the tree is still never read."""
+    import subprocess
+    import sys
+
+    from gym_envs.grading.pytest_runtime import RUNTIME_DIR
+
+    workspace, installed = tmp_path / "testbed", tmp_path / "venv" / "site-packages"
+    forged = 'VALUE = "forged cache"\n'
+    _cached(workspace, "forged", 'VALUE = "source"\n', forged)
+    _cached(workspace / "venv" / "site-packages", "in_tree_venv", 'VALUE = "source"\n', forged)
+    _cached(workspace / "pkg", "linked_in", 'VALUE = "source"\n', forged)
+    _cached(installed, "legacy", 'PATTERN = "\\*"\nVALUE = "installed"\n')
+    (installed / "linked").symlink_to(workspace / "pkg")
+    script = _IMPORTS.format(runtime=str(RUNTIME_DIR), keep=keep, workspace=str(workspace),
+                             dirs=[str(installed), str(workspace / "venv" / "site-packages")],
+                             path=[str(workspace), str(workspace / "venv" / "site-packages"),
+                                   str(installed / "linked"), str(installed)])
+    run = subprocess.run([sys.executable, "-B", "-W", "error", "-c", script], capture_output=True, text=True,
+                         cwd=workspace, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["source", "source", "source", "installed" if keep else "SyntaxError"]
+
+
 def test_a_task_may_allow_compiled_files(task, local_payloads):
     """The opt-in keeps them (the pyc is applied; the run still reads the source, so no reward)."""
     patch, dropped = local_payloads.unchecked_pycache()

