@@ -83,13 +83,22 @@ def test_as_of_twins_resolve_every_requirement_at_the_commit_date(tmp_path):
     with files_at(repo, sha) as files:
         recipes = auto_env.candidate_recipes(files, version="2.1", as_of=when, resolver=resolver, pythons=("3.9",))
     dated = [r for r in recipes if "as of 2020-05-01" in r.name]
-    assert dated, [r.name for r in recipes]
-    assert recipes[1] is dated[0]  # right after the recipe it is the twin of
-    assert "click" in asked[0][0] and "pytest" in asked[0][0]  # the project's own requirements too
-    assert dated[0].environment.packages[0].endswith("==1.0")
+    assert dated and recipes[1] is dated[0], [r.name for r in recipes]  # right after the recipe it twins
+    assert not asked  # nothing is resolved before a recipe is tried
     # a checkout has no tags: the row's version stands in for them
     assert dated[0].environment.install[0].startswith("SETUPTOOLS_SCM_PRETEND_VERSION=2.1.0 python -m pip install")
-    assert any("no click for 3.9 then" in n for n in recipes[0].notes)
+
+    tried = []
+
+    def factory(task):
+        tried.append(task.environment)
+        raise SandboxError("no")
+
+    task = probe_task(repo="local/x", base_commit=sha, instance_id="x-1")
+    report = auto_env.choose_environment(task, [dated[0], *(r for r in dated if "3.9" in r.name)], factory)
+    assert "click" in asked[0][0] and "pytest" in asked[0][0]  # the project's own requirements too
+    assert tried[0].packages and all(p.endswith("==1.0") for p in tried[0].packages)
+    assert report.attempts[-1].reason == "not resolved: no click for 3.9 then"
 
 
 class FakeSandbox:
@@ -188,3 +197,35 @@ def test_python_requires_that_excludes_the_default_picks_an_interpreter_it_allow
     assert recipes and all(Version(r.environment.python) < Version("3.11") for r in recipes)
     report = auto_env.choose_environment(task, recipes, sandbox_factory("local"), tests=tests, timeout=120)
     assert report.winner is recipes[0], report.summary()
+
+
+@pytest.mark.slow
+def test_import_swebench_chooses_an_environment_for_a_repository_no_spec_covers(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    repos = tmp_path / "repos"
+    repo = repos / "acme__tinylib"
+    sha = commit(repo, {**LIB, **TESTS, **NEEDS_HELPER,
+                        "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                          '"setuptools.build_meta"\n[project]\nname = "tinylib"\nversion = "0.1"\n'
+                                          f'[project.optional-dependencies]\ntest = ["{PYTEST_PIN}", "six==1.16.0"]\n'
+                                          '[tool.setuptools]\npackages = ["tinylib"]\n'})
+    row = {"repo": "acme/tinylib", "instance_id": "acme__tinylib-1", "base_commit": sha, "patch": "",
+           "test_patch": "", "problem_statement": "p", "version": "0.1", "created_at": "2026-01-01",
+           "FAIL_TO_PASS": json.dumps(["tests/test_add.py::test_add"]), "PASS_TO_PASS": "[]"}
+    source, output, report = tmp_path / "rows.jsonl", tmp_path / "tasks.jsonl", tmp_path / "auto.jsonl"
+    source.write_text(json.dumps(row) + "\n")
+    result = CliRunner().invoke(app, ["tasks", "import-swebench", str(source), "--repos", str(repos), "--output",
+                                      str(output), "--no-validate", "--auto-env", "--auto-report", str(report)],
+                                catch_exceptions=False)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "environments: 1 from auto" in text and "declared" in text and "collected" in text
+    task = json.loads(output.read_text())
+    assert task["environment"]["install"] == ["python -m pip install -e '.[test]'"]
+    choice = json.loads(report.read_text())
+    assert choice["winner"].startswith("declared") and choice["attempts"][0]["ok"]

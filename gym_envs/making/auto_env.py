@@ -57,6 +57,9 @@ class Recipe:
     name: str
     environment: EnvironmentConfig
     notes: list[str] = field(default_factory=list)
+    # Pins the packages when the recipe is tried (resolving as of a date takes seconds of uv and
+    # the network, spent only on recipes that are reached); replaces ``environment``.
+    resolve: Callable[[], EnvironmentConfig] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -296,22 +299,22 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
                                      if scm else [])
     others = [p for p in pythons if p != base_env.python and _python_fits(p, constraint)]
     recipes: list[Recipe] = []
-    skipped: list[str] = []
 
     def add(name: str, python: str, packages: list[str], steps: list[str], why: list[str], dated: bool) -> None:
-        if dated and as_of is not None and resolver is not None:
-            wanted = [re.sub(r"^pytest==[\d.]+$", "pytest", p) for p in packages]
-            try:
-                pins = resolver([*runtime, *extra_reqs, *wanted], python, as_of)
-            except ResolveError as exc:
-                skipped.append(f"{name} as of {as_of.date()} on python {python}: {exc}")
-            else:
-                recipes.append(Recipe(f"{name} as of {as_of.date()} (python {python})",
-                                      EnvironmentConfig(python=python, packages=pins, install=steps),
-                                      [*why, f"packages: resolved by uv as released before {as_of.isoformat()}"]))
-        elif not dated:
+        if not dated:
             recipes.append(Recipe(f"{name} (python {python})",
                                   EnvironmentConfig(python=python, packages=packages, install=steps), why))
+        elif as_of is not None and resolver is not None:
+            wanted = [*runtime, *extra_reqs, *(re.sub(r"^pytest==[\d.]+$", "pytest", p) for p in packages)]
+
+            def resolve(wanted: list[str] = wanted, python: str = python,
+                        steps: list[str] = steps) -> EnvironmentConfig:
+                return EnvironmentConfig(python=python, packages=resolver(wanted, python, as_of), install=steps)
+
+            recipes.append(Recipe(f"{name} as of {as_of.date()} (python {python})",
+                                  EnvironmentConfig(python=python, packages=wanted, install=steps),
+                                  [*why, f"packages: resolved by uv as released before {as_of.isoformat()}"],
+                                  resolve))
 
     for python in [base_env.python, *others]:
         for dated in (False, True):
@@ -328,12 +331,10 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
     seen: set[str] = set()
     unique = []
     for recipe in recipes:
-        key = recipe.environment.model_dump_json()
+        key = f"{recipe.resolve is not None}{recipe.environment.model_dump_json()}"
         if key not in seen:
             seen.add(key)
             unique.append(recipe)
-    if skipped and unique:
-        unique[0].notes.append("not tried: " + "; ".join(skipped))
     return unique[:limit]
 
 
@@ -381,6 +382,12 @@ def choose_environment(task: Task, recipes: Sequence[Recipe], factory: Callable[
     report = AutoEnv()
     for recipe in recipes:
         started = time.monotonic()
+        if recipe.resolve is not None:
+            try:
+                recipe.environment, recipe.resolve = recipe.resolve(), None
+            except ResolveError as exc:
+                report.attempts.append(Attempt(recipe, False, f"not resolved: {exc}", time.monotonic() - started))
+                continue
         trial = probe_task(repo=task.repo, base_commit=task.base_commit, repo_path=task.repo_path,
                            environment=recipe.environment, test_spec=task.test_spec,
                            instance_id=f"{task.instance_id}.auto")
