@@ -75,13 +75,14 @@ def test_as_of_twins_resolve_every_requirement_at_the_commit_date(tmp_path):
 
     def resolver(requirements, python, date):
         asked.append((requirements, python, date))
-        if python == "3.9":
-            raise auto_env.ResolveError("no click for 3.9 then")
+        if python != "3.9":
+            raise auto_env.ResolveError(f"no click for {python} then")
         return [f"{r.split('=')[0]}==1.0" for r in requirements]
 
     when = datetime(2020, 5, 1, tzinfo=timezone.utc)
     with files_at(repo, sha) as files:
-        recipes = auto_env.candidate_recipes(files, version="2.1", as_of=when, resolver=resolver, pythons=("3.9",))
+        recipes = auto_env.candidate_recipes(files, version="2.1", as_of=when, resolver=resolver,
+                                             pythons=("3.9", "3.11", "3.12"))
     dated = [r for r in recipes if "as of 2020-05-01" in r.name]
     assert dated and recipes[1] is dated[0], [r.name for r in recipes]  # right after the recipe it twins
     assert not asked  # nothing is resolved before a recipe is tried
@@ -95,10 +96,12 @@ def test_as_of_twins_resolve_every_requirement_at_the_commit_date(tmp_path):
         raise SandboxError("no")
 
     task = probe_task(repo="local/x", base_commit=sha, instance_id="x-1")
-    report = auto_env.choose_environment(task, [dated[0], *(r for r in dated if "3.9" in r.name)], factory)
+    assert "python 3.9" in dated[0].name  # none was out in 2020-05: the oldest is the nearest to then
+    other = next(r for r in dated if "python 3.9" not in r.name)
+    report = auto_env.choose_environment(task, [dated[0], other], factory)
     assert "click" in asked[0][0] and "pytest" in asked[0][0]  # the project's own requirements too
     assert tried[0].packages and all(p.endswith("==1.0") for p in tried[0].packages)
-    assert report.attempts[-1].reason == "not resolved: no click for 3.9 then"
+    assert report.attempts[-1].reason.startswith("not resolved: no click for 3.")
 
 
 class FakeSandbox:
@@ -229,3 +232,11 @@ def test_import_swebench_chooses_an_environment_for_a_repository_no_spec_covers(
     assert task["environment"]["install"] == ["python -m pip install -e '.[test]'"]
     choice = json.loads(report.read_text())
     assert choice["winner"].startswith("declared") and choice["attempts"][0]["ok"]
+
+
+def test_the_python_of_the_commits_time_is_tried_first():
+    when = datetime(2021, 6, 1, tzinfo=timezone.utc)
+    assert auto_env.era_python(["3.11", "3.9"], when) == "3.9"
+    assert auto_env.era_python(["3.11", "3.9"], datetime(2024, 1, 1, tzinfo=timezone.utc)) == "3.11"
+    assert auto_env.era_python(["3.11", "3.9"], datetime(2015, 1, 1, tzinfo=timezone.utc)) == "3.9"  # the nearest
+    assert auto_env.era_python(["3.11"], None) is None

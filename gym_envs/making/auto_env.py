@@ -46,6 +46,9 @@ from .git_source import RepoFiles
 # Interpreters tried after the one detect_setup picks, oldest last: Debian bullseye's and
 # bookworm's (what the docker backend builds without a hand-bootstrapped base).
 FALLBACK_PYTHONS = ("3.9", "3.11")
+# First release of each CPython minor version (python.org), for the Python of a commit's time.
+PYTHON_RELEASES = {"3.6": "2016-12-23", "3.7": "2018-06-27", "3.8": "2019-10-14", "3.9": "2020-10-05",
+                   "3.10": "2021-10-04", "3.11": "2022-10-24", "3.12": "2023-10-02", "3.13": "2024-10-07"}
 COLLECT = "python -m pytest --collect-only -q -p no:cacheprovider"
 SCM_NAMES = ("setuptools_scm", "setuptools-scm", "hatch-vcs", "hatch_vcs")
 
@@ -298,6 +301,10 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
     notes = list(detection.notes) + ([f"install: SETUPTOOLS_SCM_PRETEND_VERSION from the row's version {version}"]
                                      if scm else [])
     others = [p for p in pythons if p != base_env.python and _python_fits(p, constraint)]
+    era = era_python([base_env.python, *others], as_of)
+    order = list(dict.fromkeys([*([era] if era else []), base_env.python, *others]))
+    if era and era != base_env.python:
+        notes.append(f"python {era} first: the newest of {', '.join(order)} released before the commit")
     recipes: list[Recipe] = []
 
     def add(name: str, python: str, packages: list[str], steps: list[str], why: list[str], dated: bool) -> None:
@@ -316,10 +323,11 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
                                   [*why, f"packages: resolved by uv as released before {as_of.isoformat()}"],
                                   resolve))
 
-    for python in [base_env.python, *others]:
+    for python in order:
         for dated in (False, True):
             add("declared", python, list(base_env.packages), install, notes, dated)
     editable = [prefix + "python -m pip install -e ."] if install else []
+    first = order[0]
     for name, source_extra, reqs in requirement_sources(files, extra):
         steps = [prefix + f"python -m pip install -e {shlex.quote(f'.[{source_extra}]')}"] if source_extra and install \
             else editable
@@ -327,7 +335,7 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
         if not any(rs._req_name(p) == "pytest" for p in packages):
             packages.insert(0, rs.DEFAULT_PYTEST)
         for dated in (False, True):
-            add(name, base_env.python, packages, steps, [f"packages: from {name}"], dated)
+            add(name, first, packages, steps, [f"packages: from {name}"], dated)
     seen: set[str] = set()
     unique = []
     for recipe in recipes:
@@ -336,6 +344,17 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
             seen.add(key)
             unique.append(recipe)
     return unique[:limit]
+
+
+def era_python(pythons: Sequence[str], as_of: datetime | None) -> str | None:
+    """The newest of ``pythons`` released before ``as_of`` (else the oldest): what the project was
+    tested on then, or the nearest to it (a suite of 2020 collects on 3.9, not always on 3.11)."""
+    if as_of is None:
+        return None
+    released = [p for p in pythons if p in PYTHON_RELEASES
+                and PYTHON_RELEASES[p] <= as_of.astimezone(timezone.utc).date().isoformat()]
+    known = [p for p in pythons if p in PYTHON_RELEASES]
+    return max(released, key=Version) if released else min(known, key=Version) if known else None
 
 
 def _plugins(environment: EnvironmentConfig) -> list[str]:
