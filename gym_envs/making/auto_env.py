@@ -285,9 +285,10 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
                       as_of: datetime | None = None, resolver: Callable[..., list[str]] | None = resolve_as_of,
                       limit: int = 8) -> list[Recipe]:
     """The recipes to try, best first: what :func:`~.repo_setup.detect_setup` detects, and the same
-    resolved as of the commit (``as_of``, with ``resolver``; None: no such twins); then each on the
-    other ``pythons`` its python_requires allows; then the other declarations of test requirements
-    (extras, requirement files, tox, nox, CI). ``version`` (a row's ``version``) stands in for the
+    resolved as of the commit (``as_of``, with ``resolver``; None: no such twins), on the Python of
+    the commit's time (:func:`era_python`), then on the others of ``pythons`` its python_requires
+    allows; then the other declarations of test requirements (extras, requirement files, tox, nox,
+    CI). ``version`` (a row's ``version``) stands in for the
     git tags a project that takes its version from them (setuptools_scm) would read."""
     detection = rs.detect_setup(files)
     constraint = _constraint(files)
@@ -307,12 +308,13 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
         notes.append(f"python {era} first: the newest of {', '.join(order)} released before the commit")
     recipes: list[Recipe] = []
 
-    def add(name: str, python: str, packages: list[str], steps: list[str], why: list[str], dated: bool) -> None:
+    def add(name: str, python: str, packages: list[str], steps: list[str], why: list[str], dated: bool,
+            extra_deps: Sequence[str] = extra_reqs) -> None:
         if not dated:
             recipes.append(Recipe(f"{name} (python {python})",
                                   EnvironmentConfig(python=python, packages=packages, install=steps), why))
         elif as_of is not None and resolver is not None:
-            wanted = [*runtime, *extra_reqs, *(re.sub(r"^pytest==[\d.]+$", "pytest", p) for p in packages)]
+            wanted = [*runtime, *extra_deps, *(re.sub(r"^pytest==[\d.]+$", "pytest", p) for p in packages)]
 
             def resolve(wanted: list[str] = wanted, python: str = python,
                         steps: list[str] = steps) -> EnvironmentConfig:
@@ -335,7 +337,8 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
         if not any(rs._req_name(p) == "pytest" for p in packages):
             packages.insert(0, rs.DEFAULT_PYTEST)
         for dated in (False, True):
-            add(name, first, packages, steps, [f"packages: from {name}"], dated)
+            add(name, first, packages, steps, [f"packages: from {name}"], dated,
+                _extras(files).get(source_extra, []) if source_extra else [])
     seen: set[str] = set()
     unique = []
     for recipe in recipes:
