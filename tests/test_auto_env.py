@@ -84,7 +84,8 @@ def test_as_of_twins_resolve_every_requirement_at_the_commit_date(tmp_path):
         recipes = auto_env.candidate_recipes(files, version="2.1", as_of=when, resolver=resolver,
                                              pythons=("3.9", "3.11", "3.12"))
     dated = [r for r in recipes if "as of 2020-05-01" in r.name]
-    assert dated and recipes[1] is dated[0], [r.name for r in recipes]  # right after the recipe it twins
+    assert dated and recipes[0] is dated[0], [r.name for r in recipes]  # before the recipe it twins
+    assert recipes[1].name == dated[0].name.replace(" as of 2020-05-01", "")
     assert not asked  # nothing is resolved before a recipe is tried
     # a checkout has no tags: the row's version stands in for them
     assert dated[0].environment.install[0].startswith("SETUPTOOLS_SCM_PRETEND_VERSION=2.1.0 python -m pip install")
