@@ -144,22 +144,6 @@ def test_recipes_are_tried_in_order_and_each_failure_is_kept(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_test_extra_is_what_makes_the_tests_collect(tmp_path):
-    repo = tmp_path / "repo"
-    helper = helper_package(tmp_path)
-    sha = commit(repo, {**LIB, **TESTS, **NEEDS_HELPER,
-                        "setup.py": "from setuptools import setup\nsetup(name='tinylib', packages=['tinylib'],\n"
-                                    f"      extras_require={{'test': [{PYTEST_PIN!r}, {helper!r}]}})\n"})
-    task = task_for(repo, sha, ["tests/test_add.py::test_add"])
-    with files_at(repo, sha) as files:
-        recipes = auto_env.candidate_recipes(files, resolver=None)
-        tests = auto_env.task_tests(task, files)
-    report = auto_env.choose_environment(task, recipes, sandbox_factory("local"), tests=tests, timeout=120)
-    assert report.winner is recipes[0], report.summary()
-    assert report.winner.environment.install == ["python -m pip install -e '.[test]'"]
-
-
-@pytest.mark.slow
 def test_requirements_dev_wins_when_the_test_requirements_fall_short(tmp_path):
     repo = tmp_path / "repo"
     helper = helper_package(tmp_path)
@@ -205,6 +189,7 @@ def test_python_requires_that_excludes_the_default_picks_an_interpreter_it_allow
 
 @pytest.mark.slow
 def test_import_swebench_chooses_an_environment_for_a_repository_no_spec_covers(tmp_path):
+    """Its tests import what only its `test` extra installs."""
     import json
 
     from typer.testing import CliRunner
