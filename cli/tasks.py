@@ -154,13 +154,22 @@ def import_swebench(
         "--selection", help="pytest rows: run the whole test files that hold the listed tests, as SWE-bench "
         "did (files), or just the listed tests (ids: faster where test files are large; a test that needs an "
         "earlier one of its file fails).")] = "files",
+    auto_env: Annotated[bool, typer.Option(
+        "--auto-env", help="Choose every environment not given by the row or --specs from the repository's own "
+        "declarations, as for a repository no spec covers, even where a built-in spec exists (to measure "
+        "it).")] = False,
+    auto_limit: Annotated[int, typer.Option(
+        "--auto-limit", min=1, help="Recipes tried at most per row when choosing an environment automatically.")] = 6,
+    auto_report: Annotated[Path | None, typer.Option(
+        "--auto-report", help="Write each automatic choice (recipes tried, why each failed) as JSONL here.")] = None,
     workers: WorkersOpt = DEFAULT_WORKERS,
     backend: BackendOpt = "local",
     isolation: IsolationOpt = "auto",
 ) -> None:
     """Import SWE-bench rows as a task file: each row's repository found in --repos, its environment
     from its install_config, else --specs, else patchgym's built-in specs of SWE-bench's repositories, else
-    defaults (with a warning)."""
+    one chosen from the repository's declarations (recipes tried until its tests collect; --auto-env
+    skips the built-in specs too)."""
     from rich.markup import escape
 
     from tasks.catalog import TaskSet
@@ -179,6 +188,14 @@ def import_swebench(
     dropped = [(d.instance_id or d.where, d.reason) for d in result.dropped]
     commits = missing_commits(result.tasks)
     kept = result.tasks
+    replaced = ("defaults", "builtin") if auto_env else ("defaults",)
+    auto = [t for t in kept if (validate or auto_env) and t.instance_id not in commits
+            and t.test_spec.format == "pytest" and result.environment_source.get(t.instance_id) in replaced]
+    if auto:
+        chosen, failures = _auto_environments(auto, backend, isolation, auto_limit, selection, auto_report)
+        dropped += list(failures.items())
+        kept = [chosen.get(t.instance_id, t) for t in kept if t.instance_id not in failures]
+        result.environment_source.update({i: "auto" for i in chosen})
     if not validate:
         for instance_id, reason in commits.items():
             console.print(f"[yellow]warning:[/] {escape(instance_id)}: {escape(reason)}", highlight=False)
@@ -209,6 +226,50 @@ def import_swebench(
     how = ", ".join(f"{n} from {s}" for s, n in sources.items())
     out.print(f"wrote {len(kept)} tasks to {escape(str(output))} ({len(dropped)} dropped; environments: {how})"
               + ("" if validate else " without validation"), highlight=False)
+
+
+def _auto_environments(tasks: list, backend: str, isolation: str, limit: int, selection: str,
+                       report: Path | None) -> tuple[dict, dict[str, str]]:
+    """Each task with the environment of the first recipe whose tests collect (gym_envs.making.auto_env),
+    or why none did; every choice is printed, and written to ``report`` when given."""
+    from rich.markup import escape
+
+    from gym_envs.making import auto_env
+    from gym_envs.making.git_source import RepoSetupError
+    from tasks.backends import sandbox_factory
+    from tasks.model import TaskFileError
+
+    factory = sandbox_factory(backend, **({"isolation": isolation} if backend == "local" else {}))
+    chosen: dict = {}
+    failures: dict[str, str] = {}
+    lines: list[str] = []
+    for n, task in enumerate(tasks, 1):
+        with console.status(f"choosing an environment for {task.instance_id} ({n}/{len(tasks)})…"):
+            try:
+                found, recipes = auto_env.auto_environment(task, factory, limit=limit)
+            except (RepoSetupError, TaskFileError) as exc:
+                failures[task.instance_id] = f"no automatic environment: {exc}"
+                continue
+        winner = found.winner
+        for attempt in found.attempts:
+            mark = "[green]collected[/]" if attempt.ok else escape(attempt.reason)
+            out.print(f"  {escape(task.instance_id)}: {escape(attempt.recipe.name)} ({attempt.seconds:.0f}s): {mark}",
+                      highlight=False)
+        lines.append(json.dumps({"instance_id": task.instance_id, "winner": winner.name if winner else None,
+                                 "environment": winner.environment.model_dump() if winner else None,
+                                 "attempts": [{"recipe": a.recipe.name, "ok": a.ok, "reason": a.reason,
+                                               "seconds": round(a.seconds, 1)} for a in found.attempts],
+                                 "not_tried": [r.name for r in recipes[len(found.attempts):]] if not winner else [],
+                                 "notes": recipes[0].notes if recipes else []}))
+        if winner is None:
+            failures[task.instance_id] = f"no recipe collected its tests ({found.summary()})"
+            continue
+        chosen[task.instance_id] = task.model_copy(update={
+            "environment": winner.environment, "test_spec": auto_env.auto_test_spec(selection)})
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return chosen, failures
 
 
 def export(

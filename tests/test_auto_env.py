@@ -1,0 +1,228 @@
+"""Automatic environments (gym_envs/making/auto_env.py): candidate recipes read from a repository's
+declarations, tried in order until the tests collect at the base commit."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from conftest import PYTEST_PIN
+from packaging.version import Version
+from test_repo_setup import commit
+
+from gym_envs.grading.testrun import probe_task
+from gym_envs.making import auto_env
+from gym_envs.making.git_source import RepoFiles
+from sandboxes import SandboxError
+from sandboxes.base import ExecResult
+from tasks.backends import sandbox_factory
+
+LIB = {"tinylib/__init__.py": "def add(a, b):\n    return a + b\n"}
+TESTS = {"tests/test_add.py": "from tinylib import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"}
+NEEDS_HELPER = {"tests/conftest.py": "import six  # only a test requirement brings it\n"}
+
+
+def helper_package(tmp_path: Path) -> str:
+    """A small pure-Python package the tests import and only a test requirement installs."""
+    return "six==1.16.0"
+
+
+def files_at(repo: Path, sha: str) -> RepoFiles:
+    return RepoFiles(repo / ".git", sha)
+
+
+def task_for(repo: Path, sha: str, tests: list[str]):
+    return probe_task(repo="local/tinylib", base_commit=sha, repo_path=str(repo), instance_id="tinylib-1").model_copy(
+        update={"FAIL_TO_PASS": tests, "PASS_TO_PASS": []})
+
+
+# --- reading the declarations ---------------------------------------------------------------------
+
+
+def test_recipes_come_from_every_declaration_and_setup_py_is_not_run(tmp_path):
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS,
+                        "setup.py": "import os\nos.system('touch /tmp/pwned-by-setup-py')\nfrom setuptools import setup\n"
+                                    "setup(name='tinylib', python_requires='>=3.8',\n"
+                                    "      extras_require={'test': ['pytest', 'hypothesis'], 'dev': ['black']})\n",
+                        "requirements-dev.txt": "pytest-mock\n",
+                        "tox.ini": "[testenv]\ndeps =\n    -r requirements-dev.txt\n    coverage\n",
+                        "noxfile.py": "import nox\n@nox.session\ndef tests(session):\n"
+                                      "    session.install('-e', '.', 'freezegun')\n    session.run('pytest')\n",
+                        ".github/workflows/ci.yml": "jobs:\n  t:\n    steps:\n      - run: pip install responses tox\n"})
+    with files_at(repo, sha) as files:
+        recipes = auto_env.candidate_recipes(files, resolver=None)
+    names = [r.name.split(" (")[0] for r in recipes]
+    assert names[0] == "declared"
+    first = recipes[0].environment
+    assert first.install == ["python -m pip install -e '.[test]'"]
+    assert {"extra dev", "requirements-dev.txt", "tox.ini [testenv] deps", "noxfile.py session.install"} <= set(names)
+    by_name = {r.name.split(" (")[0]: r.environment for r in recipes}
+    assert "freezegun" in by_name["noxfile.py session.install"].packages
+    assert {"pytest-mock", "coverage"} <= set(by_name["tox.ini [testenv] deps"].packages)
+    assert by_name["extra dev"].install == ["python -m pip install -e '.[dev]'"]
+    assert not Path("/tmp/pwned-by-setup-py").exists()
+
+
+def test_as_of_twins_resolve_every_requirement_at_the_commit_date(tmp_path):
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS, "setup.cfg": "[metadata]\nname = tinylib\n[options]\ninstall_requires =\n"
+                                                    "    click\n[options.extras_require]\ntest =\n    pytest\n",
+                        "setup.py": "from setuptools import setup\nsetup()\n",
+                        "pyproject.toml": '[build-system]\nrequires = ["setuptools", "setuptools_scm"]\n'})
+    asked = []
+
+    def resolver(requirements, python, date):
+        asked.append((requirements, python, date))
+        if python != "3.9":
+            raise auto_env.ResolveError(f"no click for {python} then")
+        return [f"{r.split('=')[0]}==1.0" for r in requirements]
+
+    when = datetime(2020, 5, 1, tzinfo=timezone.utc)
+    with files_at(repo, sha) as files:
+        recipes = auto_env.candidate_recipes(files, version="2.1", as_of=when, resolver=resolver,
+                                             pythons=("3.9", "3.11", "3.12"))
+    dated = [r for r in recipes if "as of 2020-05-01" in r.name]
+    assert dated and recipes[0] is dated[0], [r.name for r in recipes]  # before the recipe it twins
+    assert recipes[1].name == dated[0].name.replace(" as of 2020-05-01", "")
+    assert not asked  # nothing is resolved before a recipe is tried
+    # a checkout has no tags: the row's version stands in for them
+    assert dated[0].environment.install[0].startswith("SETUPTOOLS_SCM_PRETEND_VERSION=2.1.0 python -m pip install")
+
+    tried = []
+
+    def factory(task):
+        tried.append(task.environment)
+        raise SandboxError("no")
+
+    task = probe_task(repo="local/x", base_commit=sha, instance_id="x-1")
+    assert "python 3.9" in dated[0].name  # none was out in 2020-05: the oldest is the nearest to then
+    other = next(r for r in dated if "python 3.9" not in r.name)
+    report = auto_env.choose_environment(task, [dated[0], other], factory)
+    assert "click" in asked[0][0] and "pytest" in asked[0][0]  # the project's own requirements too
+    assert tried[0].packages and all(p.endswith("==1.0") for p in tried[0].packages)
+    assert report.attempts[-1].reason.startswith("not resolved: no click for 3.")
+
+
+class FakeSandbox:
+    def __init__(self, ok: bool):
+        self.ok, self.commands, self.closed = ok, [], False
+
+    def exec(self, command, timeout=60.0, **_):
+        self.commands.append(command)
+        return ExecResult(0 if self.ok else 2, "" if self.ok else "E   ModuleNotFoundError: No module named 'x'",
+                          False, 0.1)
+
+    def close(self):
+        self.closed = True
+
+
+def test_recipes_are_tried_in_order_and_each_failure_is_kept(tmp_path):
+    recipes = [auto_env.Recipe(name, auto_env.EnvironmentConfig(packages=[name])) for name in ("a", "b", "c", "d")]
+    made = []
+
+    def factory(task):
+        name = task.environment.packages[0]
+        if name == "a":
+            raise SandboxError("pip install failed\nERROR: No matching distribution found for a")
+        made.append(FakeSandbox(ok=name == "c"))
+        return made[-1]
+
+    task = probe_task(repo="local/x", base_commit="0" * 40, instance_id="x-1")
+    report = auto_env.choose_environment(task, recipes, factory, tests=["tests/test_x.py"])
+    assert [a.recipe.name for a in report.attempts] == ["a", "b", "c"]  # d is never built
+    assert report.winner is recipes[2]
+    assert "build failed" in report.attempts[0].reason and "No matching distribution" in report.attempts[0].reason
+    assert "No module named 'x'" in report.attempts[1].reason
+    assert all(s.closed for s in made)
+    assert made[0].commands == [f"{auto_env.COLLECT} tests/test_x.py"]
+    assert "c: collected" in report.summary()
+
+
+# --- building them (local backend) ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_requirements_dev_wins_when_the_test_requirements_fall_short(tmp_path):
+    repo = tmp_path / "repo"
+    helper = helper_package(tmp_path)
+    sha = commit(repo, {**LIB, **TESTS, **NEEDS_HELPER,
+                        "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                          '"setuptools.build_meta"\n[project]\nname = "tinylib"\nversion = "0.1"\n'
+                                          '[tool.setuptools]\npackages = ["tinylib"]\n',
+                        "requirements/test.txt": f"{PYTEST_PIN}\n",  # the first choice, missing the helper
+                        "requirements-dev.txt": f"{PYTEST_PIN}\n{helper}\n"})
+    task = task_for(repo, sha, ["tests/test_add.py::test_add"])
+    with files_at(repo, sha) as files:
+        recipes = auto_env.candidate_recipes(files, resolver=None, pythons=())
+        tests = auto_env.task_tests(task, files)
+    report = auto_env.choose_environment(task, recipes, sandbox_factory("local"), tests=tests, timeout=120)
+    assert report.winner is not None, report.summary()
+    assert report.winner.name.startswith("requirements-dev.txt"), report.summary()
+    assert "No module named 'six'" in report.attempts[0].reason
+
+
+@pytest.mark.slow
+def test_python_requires_that_excludes_the_default_picks_an_interpreter_it_allows(tmp_path):
+    from sandboxes import EnvironmentSpec
+    from sandboxes.environments import find_interpreter
+
+    try:
+        find_interpreter(EnvironmentSpec(python="<3.11,>=3.8"))
+    except SandboxError:
+        pytest.skip("no Python older than 3.11 on this machine")
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS,
+                        "tests/conftest.py": "import sys\nif sys.version_info >= (3, 11):\n"
+                                             "    raise ImportError('this project predates Python 3.11')\n",
+                        "setup.py": "from setuptools import setup\nsetup(name='tinylib', packages=['tinylib'],\n"
+                                    "      python_requires='>=3.8,<3.11')\n"})
+    task = task_for(repo, sha, ["tests/test_add.py::test_add"])
+    with files_at(repo, sha) as files:
+        recipes = auto_env.candidate_recipes(files, resolver=None)
+        tests = auto_env.task_tests(task, files)
+    assert recipes and all(Version(r.environment.python) < Version("3.11") for r in recipes)
+    report = auto_env.choose_environment(task, recipes, sandbox_factory("local"), tests=tests, timeout=120)
+    assert report.winner is recipes[0], report.summary()
+
+
+@pytest.mark.slow
+def test_import_swebench_chooses_an_environment_for_a_repository_no_spec_covers(tmp_path):
+    """Its tests import what only its `test` extra installs."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    repos = tmp_path / "repos"
+    repo = repos / "acme__tinylib"
+    sha = commit(repo, {**LIB, **TESTS, **NEEDS_HELPER,
+                        "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                          '"setuptools.build_meta"\n[project]\nname = "tinylib"\nversion = "0.1"\n'
+                                          f'[project.optional-dependencies]\ntest = ["{PYTEST_PIN}", "six==1.16.0"]\n'
+                                          '[tool.setuptools]\npackages = ["tinylib"]\n'})
+    row = {"repo": "acme/tinylib", "instance_id": "acme__tinylib-1", "base_commit": sha, "patch": "",
+           "test_patch": "", "problem_statement": "p", "version": "0.1", "created_at": "2026-01-01",
+           "FAIL_TO_PASS": json.dumps(["tests/test_add.py::test_add"]), "PASS_TO_PASS": "[]"}
+    source, output, report = tmp_path / "rows.jsonl", tmp_path / "tasks.jsonl", tmp_path / "auto.jsonl"
+    source.write_text(json.dumps(row) + "\n")
+    result = CliRunner().invoke(app, ["tasks", "import-swebench", str(source), "--repos", str(repos), "--output",
+                                      str(output), "--no-validate", "--auto-env", "--auto-report", str(report)],
+                                catch_exceptions=False)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "environments: 1 from auto" in text and "declared" in text and "collected" in text
+    task = json.loads(output.read_text())
+    assert task["environment"]["install"] == ["python -m pip install -e '.[test]'"]
+    choice = json.loads(report.read_text())
+    assert choice["winner"].startswith("declared") and choice["attempts"][0]["ok"]
+
+
+def test_the_python_of_the_commits_time_is_tried_first():
+    when = datetime(2021, 6, 1, tzinfo=timezone.utc)
+    assert auto_env.era_python(["3.11", "3.9"], when) == "3.9"
+    assert auto_env.era_python(["3.11", "3.9"], datetime(2024, 1, 1, tzinfo=timezone.utc)) == "3.11"
+    assert auto_env.era_python(["3.11", "3.9"], datetime(2015, 1, 1, tzinfo=timezone.utc)) == "3.9"  # the nearest
+    assert auto_env.era_python(["3.11"], None) is None
