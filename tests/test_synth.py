@@ -491,3 +491,32 @@ def test_the_traced_run_maps_each_test_to_the_functions_it_calls(mini_repo):
     assert functions(parse_python(decorated))[1].lines[0] == source[: source.index("def mean(")].count("\n") + 1
     no_ids, why = build_map(task, make_sandbox, {"mini/core.py": functions(parse_python(source))}, {"t.py::x"})
     assert no_ids is None and "match" in why
+
+
+@pytest.mark.slow
+def test_rewritten_statements_come_from_the_endpoint_and_never_quote_the_fix(mini_repo, tmp_path):
+    """``--rewrite-url/--rewrite-model`` against a scripted OpenAI-compatible endpoint over real
+    HTTP: an honest rewrite becomes the problem statement; a model that quotes the original source
+    (which holds the fix) is refused, and the template, which quotes neither side of the change,
+    stays. (Validation is left out: it does not touch the statement, and takes most of the time.)"""
+    from tests.fake_openai import FakeModel, Turn
+    from tests.serving import serve
+
+    honest = "Spans and means come out wrong\n\nSince upgrading, several results are off; the tests fail."
+    leaky = "Here is how it should read:\n" + "\n".join(MINI_V2.values())
+    for reply, output in ((honest, tmp_path / "honest.jsonl"), (leaky, tmp_path / "leaky.jsonl")):
+        model = FakeModel(default=[Turn(text=reply)])
+        with serve(model.app) as url:
+            synthesize(mini_repo, output, SynthOptions(n=1, seed=0, workers=1, fast=False, validate=False,
+                                                       rewrite_url=f"{url}/v1", rewrite_model="scripted-writer"))
+        (task,) = load_tasks(output)
+        fix = [line[1:].strip() for line in task.patch.splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---")) and len(line[1:].strip()) >= 5]
+        assert fix and not leaks(task.problem_statement, fix), task.problem_statement
+        assert model.requests and {r["model"] for r in model.requests} == {"scripted-writer"}
+        prompt = model.requests[-1]["messages"][0]["content"]  # the written task's (earlier ones failed validation)
+        assert "test_" in prompt and not leaks(prompt, fix), "the model is shown the symptoms, never the change"
+        if reply is honest:
+            assert task.problem_statement == honest + "\n"
+        else:
+            assert task.problem_statement != leaky + "\n" and task.problem_statement in prompt
