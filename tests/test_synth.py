@@ -229,6 +229,19 @@ def test_judge_keeps_bugs_that_break_tests_but_not_collection():
     assert judge(TestRun({}, "pytest", "", None, True, applied=[True]), baseline)[0] == "the test run timed out"
 
 
+def test_parameter_ids_of_the_moment_are_not_a_collection_change():
+    """marshmallow parametrizes with ``datetime.now()`` formatted into the ids, so no two runs
+    collect the same ids: a case whose id changed is not a collection error, and it is in neither
+    list (only tests seen in both runs are); a test that is gone or new still is one."""
+    p, f = TestStatus.PASSED, TestStatus.FAILED
+    baseline = _run({"t::a": p, "t::now[22:50:02]": p, "t::now[x]": p}, 0)
+    later = _run({"t::a": f, "t::now[22:50:11]": f, "t::now[x]": p})
+    assert judge(later, baseline) == ("", ["t::a"], ["t::now[x]"])
+    assert "collected" in judge(_run({"t::a": f, "t::now[x]": p}), baseline)[0]  # a case fewer
+    assert "collected" in judge(_run({"t::a": f, "t::now[1]": p, "t::now[x]": p, "t::b": p}), baseline)[0]
+    assert "collected" in judge(_run({"t::b": f, "t::now[22:50:11]": p, "t::now[x]": p}), baseline)[0]
+
+
 # -- end to end -------------------------------------------------------------------------------------
 
 MINI_V1 = {
