@@ -533,3 +533,43 @@ def test_rewritten_statements_come_from_the_endpoint_and_never_quote_the_fix(min
             assert task.problem_statement == honest + "\n"
         else:
             assert task.problem_statement != leaky + "\n" and task.problem_statement in prompt
+
+
+@pytest.mark.slow
+def test_a_suite_whose_parameter_ids_change_every_run_still_gives_tasks(tmp_path):
+    """Like marshmallow's (``datetime.now()`` in its ids): no run collects the baseline's ids, yet a
+    bug breaking the stable tests is kept, by the warm check and by the whole-suite run, and the
+    cases of the moment are in neither list (before, every such mutant was dropped as a
+    collection change, and marshmallow gave no task)."""
+    repo = tmp_path / "stamp"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    _write(repo, {
+        "pyproject.toml": '[project]\nname = "stamp"\nversion = "0.1"\n',
+        "stamp.py": "def gap(a, b):\n    return b - a\n",
+        "tests/test_gap.py": textwrap.dedent('''\
+            import time
+
+            import pytest
+
+            from stamp import gap
+
+
+            def test_gap():
+                assert gap(2, 5) == 3
+
+
+            @pytest.mark.parametrize("now", [time.time_ns()])
+            def test_gap_now(now):
+                assert gap(now, now + 1) == 1
+            '''),
+    })
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "gap")
+    record = RepoRecord(name="stamp", repo="fixture/stamp", source=str(repo),
+                        environment=EnvironmentConfig(python=">=3.9", packages=[PYTEST_PIN]),
+                        test_spec=TestSpec(timeout=120))
+    output = tmp_path / "out" / "stamp.jsonl"
+    synthesize(record, output, SynthOptions(n=1, seed=0, workers=1, validate=False, kinds=("swap_operands",)))
+    (task,) = load_tasks(output)
+    assert task.FAIL_TO_PASS == ["tests/test_gap.py::test_gap"] and task.PASS_TO_PASS == []
