@@ -31,6 +31,7 @@ from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment,
 from .files import read_regular, resolve_in_workspace, write_regular
 from .gitops import Pristine, workspace_diff
 from .init_process import InitProcess, init_interpreter, runtime_dir
+from .install_inputs import install_inputs_digest, shareable_install
 from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from .lifetime import parent_checked
 from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
@@ -39,7 +40,7 @@ from .output import DEFAULT_OUTPUT_LIMIT
 from .paths import cache_dir
 from .process import ProcessLimitWatch, run_capped
 from .reaper import owned_name
-from .repos import copy_checkout, pristine_checkout
+from .repos import copy_checkout, git, pristine_checkout
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,33 @@ class SandboxSpec:
     base_commit: str
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
     hidden_paths: tuple[str, ...] = ()
+
+
+def environment_checkout_id(spec: SandboxSpec, template: Path) -> str:
+    """What of the checkout the environment's install steps depend on (part of its cache key).
+
+    Editable installs made at ``/testbed`` (in bubblewrap, where every sandbox sees its own
+    workspace) depend only on the install inputs (:mod:`.install_inputs`): every commit with the
+    same ones, of this repository or of a bundle of commits made on it (synthesized bugs), shares
+    one venv. Anything else (a copy install, an install made at the checkout's own path without
+    bubblewrap) depends on the whole commit."""
+    env = spec.environment
+    steps = env.pre_install + env.install
+    if env.install and bwrap_path() is not None and shareable_install(steps):
+        return f"install-inputs:{_tree_inputs_digest(str(template), steps)}"
+    return f"{spec.repo}@{spec.base_commit}"
+
+
+@lru_cache(maxsize=256)
+def _tree_inputs_digest(template: str, steps: tuple[str, ...]) -> str:
+    """:func:`~.install_inputs.install_inputs_digest` of a pristine checkout (a commit's own, so
+    cached by its path)."""
+    listing = git("ls-tree", "-r", "-z", "HEAD", cwd=Path(template)).stdout
+    tree = []
+    for entry in filter(None, listing.split("\0")):
+        meta, path = entry.split("\t", 1)
+        tree.append((path, meta.split()[2]))
+    return install_inputs_digest(tree, steps)
 
 
 class LocalSandbox(ClosesItself):
@@ -105,7 +133,7 @@ class LocalSandbox(ClosesItself):
             self._pristine = _pristine(self._template)
             self.env: BuiltEnvironment = ensure_environment(
                 spec.environment, checkout=self._template,
-                checkout_id=f"{spec.repo}@{spec.base_commit}", run_install=self._run_install_step,
+                checkout_id=environment_checkout_id(spec, self._template), run_install=self._run_install_step,
                 checkout_as=SANDBOX_WORKDIR,
             )
             self.root.mkdir(parents=True)

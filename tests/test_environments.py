@@ -13,6 +13,7 @@ from conftest import PYTEST_PIN, calc_task_row
 from gym_envs import Verifier, load_tasks
 from sandboxes import EnvironmentBuildError, EnvironmentSpec
 from sandboxes.environments import ensure_environment, find_interpreter
+from sandboxes.isolation import bwrap_path
 from tasks.backends import make_sandbox
 
 
@@ -137,3 +138,38 @@ def test_unknown_repository_is_a_clear_error(tmp_path, calc_repo):
     task = _task(tmp_path, calc_repo, repo_path="nowhere/repo.bundle")
     with pytest.raises(TaskFileError, match="repo_path 'nowhere/repo.bundle' does not exist"):
         make_sandbox(task)
+
+
+@pytest.mark.skipif(bwrap_path() is None, reason="editable installs are shared only when made at /testbed")
+def test_commits_with_the_same_install_inputs_share_one_editable_environment(tmp_path, calc_repo):
+    """Every synthesized bug is its own commit: with an editable install, those whose install
+    inputs are the base's share its venv (no build per candidate), and each sandbox still imports
+    its own tree. A copy install (``pip install .``) stays one environment per commit."""
+    repo, info = calc_repo
+    editable = {"python": ">=3.9", "packages": [PYTEST_PIN, "setuptools>=70.1"],
+                "install": ["python -m pip install --no-deps --no-build-isolation -e ."]}
+    base = _task(tmp_path, calc_repo, instance_id="fixture__calc-share-base", environment=editable)
+    fixed = base.model_copy(update={"instance_id": "fixture__calc-share-fix", "base_commit": info["fix_commit"]})
+    probe = "cd /tmp && python -c 'import calc\ntry: calc.mean([])\nexcept Exception as e: print(type(e).__name__)'"
+    seen = {}
+    for task in (base, fixed):
+        sb = make_sandbox(task)
+        try:
+            seen[task.instance_id] = (sb.env.venv, sb.exec(probe).output.strip())
+        finally:
+            sb.close()
+    (base_venv, base_error), (fix_venv, fix_error) = seen.values()
+    assert base_venv == fix_venv, "the fix commit changes only Python source: one environment"
+    assert (base_error, fix_error) == ("ZeroDivisionError", "ValueError"), "each sandbox imports its own tree"
+
+    copy = {**editable, "install": ["python -m pip install --no-deps --no-build-isolation ."]}
+    venvs = set()
+    for commit in (info["base"], info["fix_commit"]):
+        task = _task(tmp_path, calc_repo, instance_id="fixture__calc-share-copy", base_commit=commit,
+                     environment=copy)
+        sb = make_sandbox(task)
+        try:
+            venvs.add(sb.env.venv)
+        finally:
+            sb.close()
+    assert len(venvs) == 2, "a copy of the source is in the venv: one environment per commit"

@@ -229,6 +229,19 @@ def test_judge_keeps_bugs_that_break_tests_but_not_collection():
     assert judge(TestRun({}, "pytest", "", None, True, applied=[True]), baseline)[0] == "the test run timed out"
 
 
+def test_parameter_ids_of_the_moment_are_not_a_collection_change():
+    """marshmallow parametrizes with ``datetime.now()`` formatted into the ids, so no two runs
+    collect the same ids: a case whose id changed is not a collection error, and it is in neither
+    list (only tests seen in both runs are); a test that is gone or new still is one."""
+    p, f = TestStatus.PASSED, TestStatus.FAILED
+    baseline = _run({"t::a": p, "t::now[22:50:02]": p, "t::now[x]": p}, 0)
+    later = _run({"t::a": f, "t::now[22:50:11]": f, "t::now[x]": p})
+    assert judge(later, baseline) == ("", ["t::a"], ["t::now[x]"])
+    assert "collected" in judge(_run({"t::a": f, "t::now[x]": p}), baseline)[0]  # a case fewer
+    assert "collected" in judge(_run({"t::a": f, "t::now[1]": p, "t::now[x]": p, "t::b": p}), baseline)[0]
+    assert "collected" in judge(_run({"t::b": f, "t::now[22:50:11]": p, "t::now[x]": p}), baseline)[0]
+
+
 # -- end to end -------------------------------------------------------------------------------------
 
 MINI_V1 = {
@@ -491,3 +504,72 @@ def test_the_traced_run_maps_each_test_to_the_functions_it_calls(mini_repo):
     assert functions(parse_python(decorated))[1].lines[0] == source[: source.index("def mean(")].count("\n") + 1
     no_ids, why = build_map(task, make_sandbox, {"mini/core.py": functions(parse_python(source))}, {"t.py::x"})
     assert no_ids is None and "match" in why
+
+
+@pytest.mark.slow
+def test_rewritten_statements_come_from_the_endpoint_and_never_quote_the_fix(mini_repo, tmp_path):
+    """``--rewrite-url/--rewrite-model`` against a scripted OpenAI-compatible endpoint over real
+    HTTP: an honest rewrite becomes the problem statement; a model that quotes the original source
+    (which holds the fix) is refused, and the template, which quotes neither side of the change,
+    stays. (Validation is left out: it does not touch the statement, and takes most of the time.)"""
+    from tests.fake_openai import FakeModel, Turn
+    from tests.serving import serve
+
+    honest = "Spans and means come out wrong\n\nSince upgrading, several results are off; the tests fail."
+    leaky = "Here is how it should read:\n" + "\n".join(MINI_V2.values())
+    for reply, output in ((honest, tmp_path / "honest.jsonl"), (leaky, tmp_path / "leaky.jsonl")):
+        model = FakeModel(default=[Turn(text=reply)])
+        with serve(model.app) as url:
+            synthesize(mini_repo, output, SynthOptions(n=1, seed=0, workers=1, fast=False, validate=False,
+                                                       rewrite_url=f"{url}/v1", rewrite_model="scripted-writer"))
+        (task,) = load_tasks(output)
+        fix = [line[1:].strip() for line in task.patch.splitlines()
+               if line[:1] in "+-" and not line.startswith(("+++", "---")) and len(line[1:].strip()) >= 5]
+        assert fix and not leaks(task.problem_statement, fix), task.problem_statement
+        assert model.requests and {r["model"] for r in model.requests} == {"scripted-writer"}
+        prompt = model.requests[-1]["messages"][0]["content"]  # the written task's (earlier ones failed validation)
+        assert "test_" in prompt and not leaks(prompt, fix), "the model is shown the symptoms, never the change"
+        if reply is honest:
+            assert task.problem_statement == honest + "\n"
+        else:
+            assert task.problem_statement != leaky + "\n" and task.problem_statement in prompt
+
+
+@pytest.mark.slow
+def test_a_suite_whose_parameter_ids_change_every_run_still_gives_tasks(tmp_path):
+    """Like marshmallow's (``datetime.now()`` in its ids): no run collects the baseline's ids, yet a
+    bug breaking the stable tests is kept, by the warm check and by the whole-suite run, and the
+    cases of the moment are in neither list (before, every such mutant was dropped as a
+    collection change, and marshmallow gave no task)."""
+    repo = tmp_path / "stamp"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    _write(repo, {
+        "pyproject.toml": '[project]\nname = "stamp"\nversion = "0.1"\n',
+        "stamp.py": "def gap(a, b):\n    return b - a\n",
+        "tests/test_gap.py": textwrap.dedent('''\
+            import time
+
+            import pytest
+
+            from stamp import gap
+
+
+            def test_gap():
+                assert gap(2, 5) == 3
+
+
+            @pytest.mark.parametrize("now", [time.time_ns()])
+            def test_gap_now(now):
+                assert gap(now, now + 1) == 1
+            '''),
+    })
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "gap")
+    record = RepoRecord(name="stamp", repo="fixture/stamp", source=str(repo),
+                        environment=EnvironmentConfig(python=">=3.9", packages=[PYTEST_PIN]),
+                        test_spec=TestSpec(timeout=120))
+    output = tmp_path / "out" / "stamp.jsonl"
+    synthesize(record, output, SynthOptions(n=1, seed=0, workers=1, validate=False, kinds=("swap_operands",)))
+    (task,) = load_tasks(output)
+    assert task.FAIL_TO_PASS == ["tests/test_gap.py::test_gap"] and task.PASS_TO_PASS == []
