@@ -259,6 +259,23 @@ import sys as _pg_sys
 _pg_importer = _pg_sys._getframe(1)
 '''
 
+# A Python profile function installed from inside a test's call (after every import) and left in
+# place: judged before each result record, as in pytest's runtime.
+DJANGO_PROFILE_LEFT = '''\
+import sys as _pg_sys
+
+
+def _pg_profile_on_call(function):
+    def wrapper(*args, **kwargs):
+        if _pg_sys.getprofile() is None:  # once: a second setprofile would be judged at its event
+            _pg_sys.setprofile(lambda *a: None)
+        return function(*args, **kwargs)
+    return wrapper
+
+
+add = _pg_profile_on_call(add)
+'''
+
 # A failing test becomes an expected failure at run time (its outcome object told so as it raises).
 DJANGO_RUNTIME_XFAIL = '''\
 import unittest as _pg_unittest
@@ -295,6 +312,8 @@ ATTACKS = {  # name -> (format, {file: payload}, payload first in its file, the 
                              Tampering("a test's report was rewritten")),
     "django-getframe-into-the-runner": ("django", {DJANGO_PKG: DJANGO_GETFRAME}, False,
                                         Tampering("sys._getframe from minilib/__init__.py")),
+    "django-python-profile-left-installed": ("django", {DJANGO_PKG: DJANGO_PROFILE_LEFT}, False,
+                                             Tampering("sys.setprofile")),
     # Caught by the canaries (they become expected failures too); without them, by the rule that
     # an XFAIL counts only where the test file declares it (test_declared_xfail).
     "django-runtime-xfail": ("django", {DJANGO_PKG: DJANGO_RUNTIME_XFAIL}, False,

@@ -71,9 +71,13 @@ class Records:
     def __init__(self, fd):
         self.fd = fd
         self.pid = os.getpid()
+        # Called before every record, as the pytest reporter does (audit.Policy.check_pending).
+        self.before_write = None
         self.write(event="start", pid=self.pid)
 
     def write(self, **record):
+        if self.before_write is not None:
+            self.before_write()
         data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
         while data:
             data = data[os.write(self.fd, data):]
@@ -383,6 +387,7 @@ def main():
         # The runner imports most of its stdlib after the hook is in (Django: decimal's namedtuple).
         policy.stdlib_getframe = True
         audit.install(policy)
+        records.before_write = policy.check_pending
         import unittest  # noqa: F401  (the runner's library, bound to the stdlib before the repository)
 
         policy.trust_loaded_modules()
