@@ -329,8 +329,7 @@ def _python_callable(obj):
         return False
     if isinstance(obj, (types.FunctionType, types.MethodType)):
         return True
-    call = vars(type(obj)).get("__call__") or next(
-        (vars(klass)["__call__"] for klass in type(obj).__mro__ if "__call__" in vars(klass)), None)
+    call = next((vars(klass)["__call__"] for klass in type(obj).__mro__ if "__call__" in vars(klass)), None)
     return isinstance(call, types.FunctionType) or isinstance(getattr(obj, "func", None), types.FunctionType)
 
 
