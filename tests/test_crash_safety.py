@@ -281,6 +281,56 @@ def test_a_build_held_by_a_live_owner_is_waited_for_not_taken(namespace):
     claim(build_name("held"), create).remove(force=True)  # free again once released
 
 
+IMAGE_BUILDER = """
+import sys
+from sandboxes.docker.images import environment_image
+from sandboxes.environments import EnvironmentSpec
+environment_image(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)))
+"""
+
+
+def _commands(container) -> str:
+    """The command lines running in ``container`` ("" once it is gone or stopped)."""
+    import docker.errors
+
+    try:
+        return "\n".join(p[-1] for p in container.top()["Processes"])
+    except docker.errors.APIError:
+        return ""
+
+
+def test_sigkilling_an_image_builder_removes_its_build_container(tmp_path, namespace, docker_base):
+    """SIGKILL the process that builds an environment image while a step runs in its build
+    container: the engine removes the container, and the step with it, within seconds (no wait for
+    gc or for the next claimant of the build), and no image is left, tagged or half-built."""
+    from sandboxes.docker.build_mutex import BUILD_PREFIX
+    from sandboxes.docker.client import docker_client
+    from sandboxes.docker.images import PYTHON_LABEL, _image, environment_key, python_source
+
+    client = docker_client()
+    python = ".".join(client.images.get(docker_base).labels[PYTHON_LABEL].split(".")[:2])
+    step = f"sleep {_tag()}"
+    spec = EnvironmentSpec(python=python, pre_install=(step,))
+    tag = f"patchgym/env:{environment_key(spec, client.images.get(docker_base).id, python_source(spec))}"
+    builds = {"name": f"{BUILD_PREFIX}{namespace}-"}
+    builder = _start(IMAGE_BUILDER, python, step, home=tmp_path / "home")
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # until the step runs in the build container
+            assert builder.poll() is None, builder.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the build never reached its step"
+            if any(step in _commands(c) for c in client.containers.list(filters=builds)):
+                break
+            time.sleep(0.2)
+    finally:
+        _kill(builder)
+    deadline = time.monotonic() + 15
+    while client.containers.list(all=True, ignore_removed=True, filters=builds) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not client.containers.list(all=True, ignore_removed=True, filters=builds)
+    assert _image(tag) is None
+
+
 def test_gc_removes_unfinished_attempts_only_while_nobody_builds(tmp_path, monkeypatch):
     import json
 

@@ -12,6 +12,7 @@ The engine multiplexes the container's stdout and stderr on the connection in fr
 header: the stream, then the payload length); stdout carries the answers, stderr is kept for
 errors. Closing the connection closes the server's stdin (the container is created with
 ``StdinOnce``), and the server ends: a client that dies leaves no running sandbox behind.
+:func:`attach` is that tie, for build containers too.
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ def decode_answer(body: bytes) -> tuple[bytes, list[bytes]]:
     if at != len(body) or status not in (OK, ERROR):
         raise SandboxError("the container's command server sent a malformed answer")
     return status, fields
+
+
+def attach(api, container_id: str) -> ServerConnection:
+    """Attach to a container's stdin, stdout and stderr before it starts: the life tie of every
+    long-lived container patchgym starts.
+
+    The container must be created with ``stdin_open=True, detach=False`` (the engine then sets
+    ``StdinOnce``), ``auto_remove`` and a main process that reads its stdin to the end (a sandbox's
+    command server, a build container's ``cat``). When this stream closes, by
+    :meth:`ServerConnection.close` or by the kernel as this process dies, SIGKILL included, the
+    engine closes the container's stdin, its main process ends, its other processes die with it
+    (they are in its pid namespace), and the engine removes the container."""
+    stream = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+    return ServerConnection(getattr(stream, "_sock", stream), getattr(stream, "close", None))
 
 
 class ServerConnection:

@@ -30,7 +30,7 @@ from .client import (
     owner_id,
     remove_container,
 )
-from .connection import ServerConnection
+from .connection import attach
 from .runtime import RUNTIME_MOUNT, SERVER, discard_runtime, runtime_volume
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,7 @@ def start_container(image: str, limits: ResourceLimits, lifetime: int, network: 
         connection = None
         try:
             # attached before the start, so that nothing the server says is lost
-            stream = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            connection = ServerConnection(getattr(stream, "_sock", stream), getattr(stream, "close", None))
+            connection = attach(api, container_id)
             try:
                 api.start(container_id)
             except docker.errors.APIError as exc:

@@ -37,7 +37,8 @@ Environment and instance images are built in a container named for the build
 ``PATCHGYM_HOME``, builds an image once, and a dead builder's container is taken over. Only the
 base image (debootstrap on this host) is built under a host file lock (in
 ``$PATCHGYM_DOCKER_LOCKS``, default ``/tmp/patchgym-docker-<uid>``). Build containers
-carry ``org.patchgym.kind=build`` and are always removed; every image carries
+carry ``org.patchgym.kind=build`` and are always removed, by the engine too when their builder is
+killed (they are tied to it as sandboxes are, :func:`.connection.attach`); every image carries
 ``org.patchgym.managed=1`` and its kind, and :func:`prune_images` never touches anything else.
 ``progress`` callbacks are called only for work actually done (a cached image reports nothing).
 
@@ -91,6 +92,7 @@ from .client import (
     docker_client,
     remove_container,
 )
+from .connection import attach
 
 log = logging.getLogger(__name__)
 
@@ -554,7 +556,12 @@ def build_environ() -> dict[str, str]:
 
 
 class _BuildContainer:
-    """A labelled, always-removed container in which build steps run one ``exec`` at a time."""
+    """A labelled, always-removed container in which build steps run one ``exec`` at a time.
+
+    Its main process reads its stdin, attached by this process (:func:`.connection.attach`, the
+    tie a sandbox container has): if this process dies, SIGKILL included, the container's stdin
+    closes, the build step running in it dies, and the engine removes the container, which
+    releases the build's name. Nothing was committed: an image is tagged whole or not at all."""
 
     def __init__(self, image: str, log_file: Path, *, purpose: str, key: str | None = None) -> None:
         """``key`` names the container for the build (:func:`.build_mutex.claim`: one builder of
@@ -566,17 +573,25 @@ class _BuildContainer:
 
         def create(name: str):
             container = _build_client().containers.create(
-                image, ["sleep", "infinity"], network_mode="bridge", working_dir="/",
-                labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()}, name=name)
+                image, ["sh", "-c", "exec cat >/dev/null"], stdin_open=True, detach=False, auto_remove=True,
+                network_mode="bridge", working_dir="/", name=name,
+                labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()})
             try:
-                container.start()
+                tie = attach(self.api, container.id)
             except BaseException:
                 remove_container(container)  # a name held by nobody would stall every other builder
                 raise
-            return container
+            try:
+                container.start()
+            except BaseException:
+                remove_container(container)
+                tie.close()
+                raise
+            return container, tie
 
         try:
-            self.container = claim(build_name(key), create) if key else create(build_name(uuid.uuid4().hex[:12]))
+            self.container, self._tie = (claim(build_name(key), create) if key
+                                         else create(build_name(uuid.uuid4().hex[:12])))
         except docker.errors.DockerException as exc:
             raise EnvironmentBuildError(f"cannot start a build container for {purpose} from {image}: {exc}") from None
         self.env: dict[str, str] = {}
@@ -670,7 +685,8 @@ class _BuildContainer:
         return f"{repository}:{tag}"
 
     def remove(self) -> None:
-        remove_container(self.container)
+        remove_container(self.container)  # at once, not when the engine sees the tie close
+        self._tie.close()
 
     def __enter__(self) -> _BuildContainer:
         return self
