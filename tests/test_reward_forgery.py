@@ -820,12 +820,12 @@ def _pg_forge_both():
                      % (q(classname), q(parts[-1]), q(path), inner))
         for when in ("setup", "call", "teardown"):
             outcome = "failed" if failed and when == "call" else "passed"
-            reporter._write(event="report", nodeid=node, when=when, outcome=outcome, xfail=False)
+            reporter.records.write(event="report", nodeid=node, when=when, outcome=outcome, xfail=False)
     with open(junit, "w", encoding="utf-8") as fh:
         fh.write('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" '
                  'failures="1" skipped="0" tests="%d" time="0.01">%s</testsuite></testsuites>'
                  % (len(cases), "".join(cases)))
-    reporter._write(event="finish", exitstatus=1)
+    reporter.records.write(event="finish", exitstatus=1)
     reporter.exit(1)
     os._exit(1)
 

@@ -122,7 +122,7 @@ def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
 
 def runtime_file(name: str) -> bytes:
     """A runtime file's bytes, read from disk once per version of the file (every grading writes
-    the four of them into its sandbox; a checkout edited while a server runs is still seen)."""
+    them into its sandbox; a checkout edited while a server runs is still seen)."""
     path = RUNTIME_DIR / name
     stat = path.stat()
     return _read_runtime_file(path, stat.st_mtime_ns, stat.st_size)

@@ -15,6 +15,9 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
 * :mod:`reporter` is a pytest plugin registered before any repository code runs; it writes every
   test report, the session's end and the runner's exit status to a results file, which the harness
   cross-checks with pytest's own junit XML and with canary tests (see :mod:`gym_envs.grading.testrun`).
+* :mod:`records` writes the records into the supervisor's pipe, for the reporter and the script
+  runner alike; :func:`bootstrap.load_runtime_module` loads the runtime's other modules (its
+  directory is never on ``sys.path``).
 * :mod:`script_runner` starts Django's ``tests/runtests.py`` and SymPy's ``bin/test`` the same way
   (stdlib pinned, supervisor, audit hook, no bytecode from the tree) and records each test's outcome
   from inside the runner (``unittest.TestResult``, SymPy's ``PyTestReporter``) in the same records.
@@ -23,4 +26,4 @@ the task's interpreter (any Python from 3.8 on), so they must not import anythin
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).parent
-RUNTIME_FILES = ("bootstrap.py", "reporter.py", "supervisor.py", "audit.py", "script_runner.py")
+RUNTIME_FILES = ("bootstrap.py", "reporter.py", "records.py", "supervisor.py", "audit.py", "script_runner.py")

@@ -8,7 +8,8 @@ interpreter's and the environment's own directories are importable. Then, in thi
 
 1. stdlib module names are pinned to the stdlib (a ``json.py`` or ``xml/`` in the repository can
    never stand in for them, even after pytest puts the repository first on ``sys.path``);
-2. the results reporter is loaded and writes its first record;
+2. the results reporter is loaded, and the records pipe's writer (``records.py``) writes the
+   first record;
 3. pytest, every ``_pytest`` module, and every top-level module of pytest's installed requirements
    are imported, so their names are bound to the installed copies before the repository is
    importable (a ``pytest/``, ``_pytest/`` or ``pluggy/`` package in the repository is never seen);
@@ -101,14 +102,6 @@ class StdlibFirst:
         if path is not None or fullname not in self.names:
             return None
         return importlib.machinery.PathFinder.find_spec(fullname, self.dirs)
-
-
-def _load_reporter():
-    spec = importlib.util.spec_from_file_location("patchgym_reporter", os.path.join(HERE, "reporter.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["patchgym_reporter"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _requirement_names(requires):
@@ -231,16 +224,10 @@ def bytecode_prefix(named):
     return real
 
 
-def _supervised(results):
-    """Become the runner under a supervisor (``supervisor.py``: a subreaper that writes the results
-    file once every process of the run is dead); the reporter's end of the records pipe."""
-    spec = importlib.util.spec_from_file_location("patchgym_supervisor", os.path.join(HERE, "supervisor.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.supervise(results)
-
-
-def _load_runtime_module(name):
+def load_runtime_module(name):
+    """The runtime's module ``name`` (``name.py`` beside this file) as ``patchgym_<name>``, in
+    ``sys.modules``: the runtime's directory is never on ``sys.path`` (``-I``), and the audit hook
+    counts the functions of ``patchgym_`` modules among the runner's."""
     spec = importlib.util.spec_from_file_location(f"patchgym_{name}", os.path.join(HERE, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[f"patchgym_{name}"] = module
@@ -260,15 +247,15 @@ def _hidden_test_files(args):
     return files
 
 
-def _guard(reporter, results, args):
+def _guard(records, results, args):
     """Install the audit hook (:mod:`audit`) before the repository is importable; its tampering
-    records go through the reporter. Returns the policy, to trust the runner once it is loaded."""
-    audit = _load_runtime_module("audit")
+    records go through the records pipe. Returns the policy, to trust the runner once it is loaded."""
+    audit = load_runtime_module("audit")
     junit = [a.split("=", 1)[1] for a in args if a.startswith("--junitxml=")]
-    policy = audit.Policy(WORKSPACE, _hidden_test_files(args), HERE, reporter.record,
-                          results_fd=getattr(reporter, "fd", None), harness_files=[results, *junit])
+    policy = audit.Policy(WORKSPACE, _hidden_test_files(args), HERE, records.write,
+                          results_fd=records.fd, harness_files=[results, *junit])
     audit.install(policy)
-    reporter.before_write = policy.check_pending
+    records.before_write = policy.check_pending
     return policy
 
 
@@ -280,11 +267,13 @@ def main():
         return 3
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(HERE)]
     sys.meta_path.insert(0, StdlibFirst())
-    records = _supervised(results)
+    # A subreaper that writes the results file once every process of the run is dead (supervisor.py).
+    fd = load_runtime_module("supervisor").supervise(results)
     try:
-        reporter_module = _load_reporter()
+        reporter_module = load_runtime_module("reporter")
+        records = load_runtime_module("records").Writer(fd)  # writes the first record
         reporter = reporter_module.Reporter(records, WORKSPACE)
-        policy = _guard(reporter, results, sys.argv[1:])
+        policy = _guard(records, results, sys.argv[1:])
         _preload_runner()
         policy.trust_loaded_modules()
         import pytest

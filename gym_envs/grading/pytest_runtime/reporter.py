@@ -1,7 +1,8 @@
 """patchgym's results reporter: a pytest plugin registered before any repository code runs.
 
 It writes one JSON line per event into the supervisor's records pipe (``supervisor.py``, which
-writes them to the results file once the run is over, followed by its own ``end``):
+writes them to the results file once the run is over, followed by its own ``end``) through the
+pipe's writer (``records.py``, which ``script_runner.py`` writes through too):
 ``start``, one ``report`` per test phase (node id, phase,
 outcome, whether it was an expected failure), ``finish`` when the session ends, and ``exit`` with
 the status pytest returned. The harness requires all of them, in order, and the process's exit
@@ -24,7 +25,6 @@ Each ``report`` also says what the phase really did, for the harness to compare 
 Standard library and pytest only, Python 3.8+.
 """
 
-import json
 import os
 import sys
 import types
@@ -45,31 +45,15 @@ class Calls:
 
 
 class Reporter:
-    def __init__(self, results, workspace):
+    def __init__(self, records, workspace):
         self.workspace = workspace
-        # The supervisor's records pipe (an fd), or a file of its own (a path, created here).
-        self.fd = results if isinstance(results, int) else os.open(
-            results, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        self.records = records  # records.Writer: the supervisor's records pipe (its start written)
         self.undeclared_xfail = set()
         self.raised = {}
         self.bypassed = set()
         self.function_raised = set()
         self.calls = Calls()
         self.trusted = set()
-        # Called before every record (the audit hook judges what it noted: audit.Policy.check_pending).
-        self.before_write = None
-        self._write(event="start", pid=os.getpid())
-
-    def _write(self, **record):
-        if self.before_write is not None:
-            self.before_write()
-        data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
-        while data:
-            data = data[os.write(self.fd, data):]
-
-    def record(self, **record):
-        """Write a record of the runtime's own (the audit hook's ``tampering``)."""
-        self._write(**record)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_load_initial_conftests(self, early_config):
@@ -145,7 +129,7 @@ class Reporter:
             self.undeclared_xfail.add((report.nodeid, report.when))
 
     def pytest_runtest_logreport(self, report):
-        self._write(event="report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+        self.records.write(event="report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
                     xfail=hasattr(report, "wasxfail"),
                     declared=(report.nodeid, report.when) not in self.undeclared_xfail,
                     raised=self.raised.pop((report.nodeid, report.when), False),
@@ -153,12 +137,11 @@ class Reporter:
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self._write(event="collect_error", nodeid=report.nodeid)
+            self.records.write(event="collect_error", nodeid=report.nodeid)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
-        self._write(event="finish", exitstatus=int(exitstatus))
+        self.records.write(event="finish", exitstatus=int(exitstatus))
 
     def exit(self, code):
-        self._write(event="exit", code=code)
-        os.close(self.fd)
+        self.records.exit(code)

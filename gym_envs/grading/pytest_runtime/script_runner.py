@@ -7,7 +7,7 @@ anything of the repository is importable (``-I`` keeps the working directory off
 
 1. stdlib names are pinned to the stdlib (``bootstrap.StdlibFirst``), the process forks under the
    supervisor (``supervisor.py``: the results are written once every process of the run is dead),
-   and the records writer sends its ``start``;
+   and the records pipe's writer (``records.py``) sends its ``start``;
 2. the audit hook (``audit.py``) is installed, with the records writer as its report;
 3. patchgym's recorder is put into the runner: for ``django`` (any ``unittest`` runner) the
    methods of ``unittest.TestResult`` every result class inherits, for ``sympy`` the methods of
@@ -40,7 +40,6 @@ import functools
 import importlib.machinery
 import importlib.util
 import inspect
-import json
 import os
 import runpy
 import sys
@@ -56,46 +55,34 @@ UNITTEST_METHODS = ("startTest", "stopTest", "addSuccess", "addError", "addFailu
                     "addExpectedFailure", "addUnexpectedSuccess", "addSubTest")
 
 
-def _load_runtime_module(name):
-    spec = importlib.util.spec_from_file_location("patchgym_" + name, os.path.join(HERE, name + ".py"))
+def _load_bootstrap():
+    """``bootstrap.py``, whose :func:`bootstrap.load_runtime_module` loads the rest of the runtime:
+    the one module loaded by hand (the runtime's directory is never on ``sys.path``)."""
+    spec = importlib.util.spec_from_file_location("patchgym_bootstrap", os.path.join(HERE, "bootstrap.py"))
     module = importlib.util.module_from_spec(spec)
-    sys.modules["patchgym_" + name] = module
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
 class Records:
-    """The records pipe: JSON lines, test reports from the runner's own process only (Django's
-    parallel workers are forks of it, and their results come back to it to be reported)."""
+    """Test reports, from the runner's own process only (Django's parallel workers are forks of
+    it, and their results come back to it to be reported), through the records pipe's writer
+    (``records.py``; the audit hook's ``tampering`` records go through it from any process)."""
 
-    def __init__(self, fd):
-        self.fd = fd
+    def __init__(self, writer):
+        self.writer = writer
         self.pid = os.getpid()
-        # Called before every record, as the pytest reporter does (audit.Policy.check_pending).
-        self.before_write = None
-        self.write(event="start", pid=self.pid)
-
-    def write(self, **record):
-        if self.before_write is not None:
-            self.before_write()
-        data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
-        while data:
-            data = data[os.write(self.fd, data):]
-
-    def record(self, **record):
-        """A record of the runtime's own (the audit hook's ``tampering``), from any process."""
-        self.write(**record)
 
     def report(self, nodeid, outcome, xfail=False, raised=False, bypassed=False, aliases=()):
         if os.getpid() != self.pid:
             return
-        self.write(event="report", nodeid=nodeid, when="call", outcome=outcome, xfail=xfail,
-                   raised=raised, bypassed=bypassed, aliases=list(aliases))
+        self.writer.write(event="report", nodeid=nodeid, when="call", outcome=outcome, xfail=xfail,
+                          raised=raised, bypassed=bypassed, aliases=list(aliases))
 
     def exit(self, code):
-        self.write(event="finish", exitstatus=code)
-        self.write(event="exit", code=code)
-        os.close(self.fd)
+        self.writer.write(event="finish", exitstatus=code)
+        self.writer.exit(code)
 
 
 # -- unittest (Django's runtests.py) ---------------------------------------------------------------
@@ -376,18 +363,19 @@ def main():
         sys.stderr.write(START_FAILED + " PATCHGYM_RESULTS is not set\n")
         return 3
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(HERE)]
-    bootstrap = _load_runtime_module("bootstrap")
+    bootstrap = _load_bootstrap()
     prefix = bootstrap.bytecode_prefix(os.environ.pop(bootstrap.PREFIX_ENV, None))
     sys.meta_path.insert(0, bootstrap.StdlibFirst())
-    fd = _load_runtime_module("supervisor").supervise(results)
+    fd = bootstrap.load_runtime_module("supervisor").supervise(results)
     try:
-        records = Records(fd)
-        audit = _load_runtime_module("audit")
-        policy = audit.Policy(WORKSPACE, hidden, HERE, records.record, results_fd=fd, harness_files=[results])
+        writer = bootstrap.load_runtime_module("records").Writer(fd)
+        records = Records(writer)
+        audit = bootstrap.load_runtime_module("audit")
+        policy = audit.Policy(WORKSPACE, hidden, HERE, writer.write, results_fd=fd, harness_files=[results])
         # The runner imports most of its stdlib after the hook is in (Django: decimal's namedtuple).
         policy.stdlib_getframe = True
         audit.install(policy)
-        records.before_write = policy.check_pending
+        writer.before_write = policy.check_pending
         import unittest  # noqa: F401  (the runner's library, bound to the stdlib before the repository)
 
         policy.trust_loaded_modules()
