@@ -287,6 +287,14 @@ from sandboxes.docker.images import environment_image
 from sandboxes.environments import EnvironmentSpec
 environment_image(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)))
 """
+# The runtime's build, its step held up (it takes a second or two) until the builder is killed.
+RUNTIME_BUILDER = """
+import sys
+from sandboxes.docker import images, runtime
+run = images._BuildContainer.run
+images._BuildContainer.run = lambda box, argv, **kw: run(box, ["sh", "-c", sys.argv[1] + " && " + argv[-1]], **kw)
+runtime.runtime_volume()
+"""
 
 
 def _commands(container) -> str:
@@ -299,24 +307,19 @@ def _commands(container) -> str:
         return ""
 
 
-def test_sigkilling_an_image_builder_removes_its_build_container(tmp_path, namespace, docker_base):
-    """SIGKILL the process that builds an environment image while a step runs in its build
-    container: the engine removes the container, and the step with it, within seconds (no wait for
-    gc or for the next claimant of the build), and no image is left, tagged or half-built."""
+def _kill_mid_step(code: str, *args: str, step: str, namespace: str, home: Path) -> None:
+    """Start ``code`` with ``args``, SIGKILL it once ``step`` runs in a build container of
+    ``namespace``, and check that the engine removes that container within seconds: no wait for
+    gc or for the next claimant of the build."""
     from sandboxes.docker.build_mutex import BUILD_PREFIX
     from sandboxes.docker.client import docker_client
-    from sandboxes.docker.images import PYTHON_LABEL, _image, environment_key, python_source
 
     client = docker_client()
-    python = ".".join(client.images.get(docker_base).labels[PYTHON_LABEL].split(".")[:2])
-    step = f"sleep {_tag()}"
-    spec = EnvironmentSpec(python=python, pre_install=(step,))
-    tag = f"patchgym/env:{environment_key(spec, client.images.get(docker_base).id, python_source(spec))}"
     builds = {"name": f"{BUILD_PREFIX}{namespace}-"}
-    builder = _start(IMAGE_BUILDER, python, step, home=tmp_path / "home")
+    builder = _start(code, *args, home=home)
     try:
         deadline = time.monotonic() + 300
-        while True:  # until the step runs in the build container
+        while True:
             assert builder.poll() is None, builder.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the build never reached its step"
             if any(step in _commands(c) for c in client.containers.list(filters=builds)):
@@ -328,7 +331,32 @@ def test_sigkilling_an_image_builder_removes_its_build_container(tmp_path, names
     while client.containers.list(all=True, ignore_removed=True, filters=builds) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not client.containers.list(all=True, ignore_removed=True, filters=builds)
+
+
+def test_sigkilling_an_image_builder_removes_its_build_container(tmp_path, namespace, docker_base):
+    """An environment image's builder SIGKILLed while a step runs: its build container goes, the
+    step with it, and no image is left, tagged or half-built."""
+    from sandboxes.docker.client import docker_client
+    from sandboxes.docker.images import PYTHON_LABEL, _image, environment_key, python_source
+
+    client = docker_client()
+    python = ".".join(client.images.get(docker_base).labels[PYTHON_LABEL].split(".")[:2])
+    step = f"sleep {_tag()}"
+    spec = EnvironmentSpec(python=python, pre_install=(step,))
+    tag = f"patchgym/env:{environment_key(spec, client.images.get(docker_base).id, python_source(spec))}"
+    _kill_mid_step(IMAGE_BUILDER, python, step, step=step, namespace=namespace, home=tmp_path / "home")
     assert _image(tag) is None
+
+
+def test_sigkilling_the_runtimes_builder_removes_its_build_container(tmp_path, namespace):
+    """The runtime volume's builder SIGKILLed while its build runs: its build container goes, and
+    the volume is not marked complete (the next builder fills it again)."""
+    from sandboxes.docker.runtime import COMPLETE_SUFFIX, _complete
+
+    volume, _ = _runtime_names(namespace)
+    step = f"sleep {_tag()}"
+    _kill_mid_step(RUNTIME_BUILDER, step, step=step, namespace=namespace, home=tmp_path / "home")
+    assert not _complete(volume), f"{volume}{COMPLETE_SUFFIX} exists"
 
 
 def test_gc_removes_unfinished_attempts_only_while_nobody_builds(tmp_path, monkeypatch):

@@ -563,9 +563,11 @@ class _BuildContainer:
     closes, the build step running in it dies, and the engine removes the container, which
     releases the build's name. Nothing was committed: an image is tagged whole or not at all."""
 
-    def __init__(self, image: str, log_file: Path, *, purpose: str, key: str | None = None) -> None:
+    def __init__(self, image: str, log_file: Path, *, purpose: str, key: str | None = None, network: bool = True,
+                 volumes: dict[str, dict[str, str]] | None = None) -> None:
         """``key`` names the container for the build (:func:`.build_mutex.claim`: one builder of
-        ``key`` on the engine at a time; check once it is made that the build is still needed)."""
+        ``key`` on the engine at a time; check once it is made that the build is still needed).
+        ``network=False``: no network at all; ``volumes``: Docker volumes mounted (``docker-py``'s form)."""
         import docker.errors
 
         self.log_file = log_file
@@ -574,7 +576,7 @@ class _BuildContainer:
         def create(name: str):
             container = _build_client().containers.create(
                 image, ["sh", "-c", "exec cat >/dev/null"], stdin_open=True, detach=False, auto_remove=True,
-                network_mode="bridge", working_dir="/", name=name,
+                network_mode="bridge" if network else "none", volumes=volumes or {}, working_dir="/", name=name,
                 labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()})
             try:
                 tie = attach(self.api, container.id)
@@ -648,8 +650,9 @@ class _BuildContainer:
             time.sleep(0.05)
         raise EnvironmentBuildError(f"build step {exec_id[:12]} did not report an exit code")
 
-    def run(self, argv: list[str], *, what: str, workdir: str = "/", env: dict[str, str] | None = None) -> None:
-        command = ["timeout", "-k", "10", str(int(BUILD_TIMEOUT)), *argv]
+    def run(self, argv: list[str], *, what: str, workdir: str = "/", env: dict[str, str] | None = None,
+            timeout: float = BUILD_TIMEOUT) -> None:
+        command = ["timeout", "-k", "10", str(int(timeout)), *argv]
         environment = {**self.env, **(env or {})}
         with self.log_file.open("ab") as fh:
             fh.write(f"$ {' '.join(argv)}   (cwd {workdir})\n".encode())
@@ -665,7 +668,7 @@ class _BuildContainer:
             except Exception as exc:
                 raise EnvironmentBuildError(f"{what}: the Docker engine failed ({exc})\nlog: {self.log_file}") from None
         if code == 124:
-            raise EnvironmentBuildError(step_failed(what, f"{' '.join(argv)} (after {BUILD_TIMEOUT:.0f}s)",
+            raise EnvironmentBuildError(step_failed(what, f"{' '.join(argv)} (after {timeout:.0f}s)",
                                                     self.log_file, since=since, timed_out=True))
         if code != 0:
             raise EnvironmentBuildError(step_failed(what, " ".join(argv), self.log_file, exit_code=code,

@@ -9,7 +9,8 @@ and in the page cache for all of them, instead of a copy in each container's wri
 
 The volume's root is root's only (mode 0700): commands (uid 1000) cannot read or change what is in
 it. Every process on the engine shares it, so its build is coordinated through the engine: it is
-filled in a container named for the build (:mod:`.build_mutex`), and labelled complete by a marker
+filled in a container named for the build (:mod:`.build_mutex`; tied to its builder, it ends with
+it: ``images._BuildContainer``), and labelled complete by a marker
 volume, ``<name>-complete``, created only once the fill succeeded. A volume without its marker (a
 killed builder's) is filled again in place under the same name; it is never removed while
 sandboxes may use it.
@@ -25,8 +26,9 @@ import threading
 from pathlib import Path
 
 from ..base import EnvironmentBuildError, SandboxError
-from .build_mutex import build_name, claim, namespace, owner_labels
-from .client import KIND_LABEL, MANAGED_LABEL, docker_client, remove_container
+from ..paths import cache_dir
+from .build_mutex import namespace
+from .client import KIND_LABEL, MANAGED_LABEL, docker_client
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +116,10 @@ def discard_runtime(name: str) -> None:
 
 
 def _build(name: str, key: str, sources: dict[str, bytes]) -> None:
-    """Fill the volume ``name`` in the build container named for it (the engine-wide mutex),
-    unless its holder, waited for, finished it; then create its marker."""
-    from .images import DEFAULT_RELEASE, ensure_base
+    """Fill the volume ``name`` in the build container named for it (the engine-wide mutex, tied to
+    this process as every build container is: ``images._BuildContainer``), unless its holder,
+    waited for, finished it; then create its marker."""
+    from .images import DEFAULT_RELEASE, _BuildContainer, ensure_base
 
     client = docker_client()
     base = ensure_base(DEFAULT_RELEASE)
@@ -131,32 +134,21 @@ def _build(name: str, key: str, sources: dict[str, bytes]) -> None:
               "cd /; rm -rf /v/.stage; mv /v/pgserver.new /v/pgserver")
     labels = {MANAGED_LABEL: "1", KIND_LABEL: "runtime"}
     client.volumes.create(name=name, labels=labels)  # returns the existing one if there is one
-
-    def create(container_name: str):
-        return client.containers.create(
-            base.id, ["sh", "-c", script], network_mode="none", working_dir="/", name=container_name,
-            volumes={name: {"bind": "/v", "mode": "rw"}},
-            labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()})
-
-    container = claim(build_name(f"runtime-{key}"), create)
-    try:
+    log_file = cache_dir("envs") / f"docker-runtime-{key}.log"
+    with _BuildContainer(base.id, log_file, purpose=f"the sandbox runtime {name}", key=f"runtime-{key}",
+                         network=False, volumes={name: {"bind": "/v", "mode": "rw"}}) as box:
         if _complete(name):
             return  # the holder we waited for finished it
         log.info("building the sandbox runtime %s", name)
-        if not container.put_archive("/", _context(sources)):
-            raise EnvironmentBuildError("could not copy the command server's sources into the build container")
-        container.start()
-        status = container.wait(timeout=BUILD_TIMEOUT)
-        if status.get("StatusCode") != 0:
-            output = container.logs().decode(errors="replace")[-3000:]
-            raise EnvironmentBuildError(f"building the sandbox command server failed: {output}")
-        client.volumes.create(name=name + COMPLETE_SUFFIX, labels={**labels, KIND_LABEL: "runtime-complete"})
-    except (SandboxError, KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as exc:
-        raise EnvironmentBuildError(f"building the sandbox command server failed: {exc}") from None
-    finally:
-        remove_container(container)  # releases the name
+        log_file.write_text(f"# {name}\n")
+        try:
+            box.put_archive("/", _context(sources))
+            box.run(["sh", "-c", script], what="building the sandbox command server", timeout=BUILD_TIMEOUT)
+            client.volumes.create(name=name + COMPLETE_SUFFIX, labels={**labels, KIND_LABEL: "runtime-complete"})
+        except (SandboxError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            raise EnvironmentBuildError(f"building the sandbox command server failed: {exc}") from None
 
 
 def _prune_others(keep: str) -> None:
