@@ -33,7 +33,7 @@ from .installer import installer_choice, uv_executable, uv_install_argv
 from .lifetime import run_checked
 from .locks import file_lock
 from .paths import cache_dir
-from .reaper import owned_name
+from .reaper import owned_name, staging_path
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def _uv_install_archive(uv: str, directory: Path, constraint: str) -> str | None
         return python_archives.describe(directory)
     listing = json.dumps(python_archives.downloads_json([archive], lambda a: a.path.resolve().as_uri()))
     target = cache_dir("python") / f"downloads-{hashlib.sha256(listing.encode()).hexdigest()[:16]}.json"
-    staged = target.with_name(owned_name(target.name + ".tmp"))
+    staged = staging_path(target)
     staged.write_text(listing)
     os.replace(staged, target)
     # A local file is no download: allowed whatever UV_PYTHON_DOWNLOADS says of GitHub.

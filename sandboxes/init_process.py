@@ -22,6 +22,7 @@ from pathlib import Path
 from .base import SandboxError
 from .lifetime import spawn
 from .paths import cache_dir
+from .reaper import staging_path
 
 RUNTIME_MODULES = ("base.py", "files.py", "output.py", "process.py")  # what sandbox_init imports as pgrt
 
@@ -37,7 +38,7 @@ def runtime_dir() -> Path:
     digest = hashlib.sha256(b"".join(n.encode() + b"\0" + c + b"\0" for n, c in sorted(contents.items())))
     target = cache_dir("runtime") / digest.hexdigest()[:16]
     if not target.is_dir():
-        staging = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}")
+        staging = staging_path(target)
         for name, data in contents.items():
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_bytes(data)

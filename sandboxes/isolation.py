@@ -75,6 +75,7 @@ def sandbox_etc() -> Path:
     """
     from .locks import file_lock
     from .paths import cache_dir
+    from .reaper import staging_path
 
     root = cache_dir("etc-shared")
     key = _etc_key()
@@ -83,7 +84,7 @@ def sandbox_etc() -> Path:
         return target
     with file_lock(root / f"{key}.lock"):
         if not target.is_dir():
-            tmp = root / f".{key}.{os.getpid()}.{os.urandom(4).hex()}"
+            tmp = staging_path(target)
             try:
                 _copy_etc(tmp)
                 tmp.rename(target)

@@ -1,9 +1,11 @@
 """Finding and removing what crashed processes left behind.
 
 Everything a process creates on the host (sandbox directories, its /etc copy, build directories,
-cgroups) is named ``<owner pid>-<random>``, so a reaper can tell leftovers of dead processes from
-the live ones of any process, this one included. A sandbox directory may still have its tmpfs and
-overlay mounted: they are unmounted first, and a tree that stays mounted is never deleted.
+cgroups) is named ``<owner pid>-<random>``, and so is a cache entry's staging copy (a checkout, a
+mirror, the shared /etc copy, made under a hidden name and renamed into place), so a reaper can
+tell leftovers of dead processes from the live ones of any process, this one included. A sandbox
+directory may still have its tmpfs and overlay mounted: they are unmounted first, and a tree that
+stays mounted is never deleted.
 """
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ import os
 from pathlib import Path
 
 OWNED_DIRS = ("sandboxes", "etc", "builds")
+# Caches whose entries are made under a staging name (:func:`staging_path`) and renamed into place.
+STAGING_DIRS = ("runtime", "etc-shared", "mirrors", "checkouts", "python")
 
 
 def owned_name(suffix: str) -> str:
     return f"{os.getpid()}-{suffix}"
+
+
+def staging_path(target: Path) -> Path:
+    """Where ``target`` is made before it is renamed into place: beside it, hidden, named for this
+    process (``.<name>.<pid>-<random>``), so that a dead maker's half-made copy can be told from a
+    live one's (:func:`stale_staging`)."""
+    return target.with_name(f".{target.name}.{owned_name(os.urandom(4).hex())}")
 
 
 def owner_of(name: str) -> int | None:
@@ -40,6 +51,18 @@ def stale_children(root: Path) -> list[Path]:
     out = []
     for child in root.iterdir():
         owner = owner_of(child.name)
+        if owner is not None and not is_alive(owner):
+            out.append(child)
+    return out
+
+
+def stale_staging(root: Path) -> list[Path]:
+    """Entries of ``root`` made under a staging name (:func:`staging_path`) whose maker is dead."""
+    if not root.is_dir():
+        return []
+    out = []
+    for child in root.iterdir():
+        owner = owner_of(child.name.rsplit(".", 1)[-1]) if child.name.startswith(".") else None
         if owner is not None and not is_alive(owner):
             out.append(child)
     return out

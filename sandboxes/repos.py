@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
 from .base import SandboxError
@@ -21,6 +20,7 @@ from .gitops import EXCLUDES
 from .lifetime import run_checked
 from .locks import file_lock
 from .paths import cache_dir
+from .reaper import staging_path
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 GIT_IDENTITY = {
@@ -69,7 +69,7 @@ def _mirror(source: str, commit: str) -> Path:
     with file_lock(mirror.with_suffix(".lock")):
         _remove_leftovers(mirror)
         if not mirror.exists():
-            tmp = mirror.with_name(f".{mirror.name}.{uuid.uuid4().hex[:8]}")
+            tmp = staging_path(mirror)
             git("clone", "--quiet", "--mirror", str(source), str(tmp))
             tmp.rename(mirror)
         if git("cat-file", "-e", f"{commit}^{{commit}}", cwd=mirror, check=False).returncode != 0:
@@ -92,7 +92,7 @@ def pristine_checkout(source: str, commit: str) -> Path:
         for stale in target.parent.glob(f".{target.name}.*"):  # of a killed build (we hold its lock)
             shutil.rmtree(stale, ignore_errors=True)
         mirror = _mirror(source, commit)
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+        tmp = staging_path(target)
         try:
             git("init", "--quiet", "--template=", "-b", "main", str(tmp))
             git("config", "core.logAllRefUpdates", "false", cwd=tmp)

@@ -377,6 +377,36 @@ def test_gc_removes_unfinished_attempts_only_while_nobody_builds(tmp_path, monke
     assert ready_venv(root) == root / "attempt-1-aa" / "venv"
 
 
+def test_gc_removes_half_made_cache_entries_of_dead_makers_only(tmp_path, monkeypatch):
+    """A checkout, a mirror or the shared /etc copy is made under a staging name and renamed into
+    place: one whose maker was SIGKILLed is removed by gc; a live maker's (this process's) and the
+    finished entries are kept."""
+    from sandboxes.cleanup import reap_stale
+    from sandboxes.paths import cache_dir
+    from sandboxes.reaper import staging_path
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PATCHGYM_HOME", str(home))
+    maker = _start("import os, sys\nfrom pathlib import Path\nfrom sandboxes.reaper import staging_path\n"
+                   "from sandboxes.paths import cache_dir\n"
+                   "for kind, name in (('checkouts', 'ab-0123'), ('mirrors', 'ab.git'), ('etc-shared', 'k')):\n"
+                   "    half = staging_path(cache_dir(kind) / name)\n"
+                   "    (half / 'sub').mkdir(parents=True)\n"
+                   "    (half / 'sub' / 'f').write_text('x')\n"
+                   "os.kill(os.getpid(), 9)\n", home=home)
+    maker.wait(timeout=60)
+    assert maker.returncode == -9, maker.stderr.read().decode()[-2000:]
+    dead = [p for kind in ("checkouts", "mirrors", "etc-shared") for p in cache_dir(kind).iterdir()]
+    assert len(dead) == 3 and all(p.name.startswith(".") for p in dead)
+    live = staging_path(cache_dir("checkouts") / "cd-4567")
+    live.mkdir()
+    done = cache_dir("checkouts") / "ab-0123"
+    done.mkdir()
+    assert reap_stale() >= 3
+    assert not any(p.exists() for p in dead)
+    assert live.is_dir() and done.is_dir()
+
+
 def test_gc_keeps_an_environment_of_the_layout_before_attempts(tmp_path, monkeypatch):
     from sandboxes.environments import reap_attempts
 
