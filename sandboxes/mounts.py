@@ -92,12 +92,19 @@ def unmount_all(root: Path) -> bool:
 
 
 def remove_tree(root: Path) -> bool:
-    """Unmount everything under ``root``, then delete it; True when it is gone.
+    """Unmount everything under ``root``, then delete it (or the file or link ``root`` is); True
+    when it is gone.
 
     ``shutil.rmtree`` descends into mount points, so a tree that still has a mount in it is left
     alone (and logged): a leftover mount must never turn a cleanup into a deletion of what is
     mounted there.
     """
+    if root.is_symlink() or root.is_file():
+        try:
+            root.unlink()
+        except FileNotFoundError:
+            pass
+        return True
     if not root.exists():
         return True
     if not unmount_all(root):

@@ -25,7 +25,7 @@ def owned_name(suffix: str) -> str:
 def staging_path(target: Path) -> Path:
     """Where ``target`` is made before it is renamed into place: beside it, hidden, named for this
     process (``.<name>.<pid>-<random>``), so that a dead maker's half-made copy can be told from a
-    live one's (:func:`stale_staging`)."""
+    live one's (:func:`stale_children`)."""
     return target.with_name(f".{target.name}.{owned_name(os.urandom(4).hex())}")
 
 
@@ -44,25 +44,16 @@ def is_alive(pid: int) -> bool:
     return True
 
 
-def stale_children(root: Path) -> list[Path]:
-    """Entries of ``root`` whose owner process is dead."""
+def stale_children(root: Path, *, staging: bool = False) -> list[Path]:
+    """Entries of ``root`` whose owner process is dead: those named for it (:func:`owned_name`),
+    or with ``staging``, only the staging copies (:func:`staging_path`) among a cache's entries."""
     if not root.is_dir():
         return []
     out = []
     for child in root.iterdir():
-        owner = owner_of(child.name)
-        if owner is not None and not is_alive(owner):
-            out.append(child)
-    return out
-
-
-def stale_staging(root: Path) -> list[Path]:
-    """Entries of ``root`` made under a staging name (:func:`staging_path`) whose maker is dead."""
-    if not root.is_dir():
-        return []
-    out = []
-    for child in root.iterdir():
-        owner = owner_of(child.name.rsplit(".", 1)[-1]) if child.name.startswith(".") else None
+        if staging and not child.name.startswith("."):
+            continue
+        owner = owner_of(child.name.rsplit(".", 1)[-1] if staging else child.name)
         if owner is not None and not is_alive(owner):
             out.append(child)
     return out

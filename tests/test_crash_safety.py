@@ -378,8 +378,8 @@ def test_gc_removes_unfinished_attempts_only_while_nobody_builds(tmp_path, monke
 
 
 def test_gc_removes_half_made_cache_entries_of_dead_makers_only(tmp_path, monkeypatch):
-    """A checkout, a mirror or the shared /etc copy is made under a staging name and renamed into
-    place: one whose maker was SIGKILLed is removed by gc; a live maker's (this process's) and the
+    """A checkout, a mirror, the shared /etc copy or uv's downloads listing is made under a staging
+    name and renamed into place: one whose maker was SIGKILLed is removed by gc; a live maker's (this process's) and the
     finished entries are kept."""
     from sandboxes.cleanup import reap_stale
     from sandboxes.paths import cache_dir
@@ -393,16 +393,17 @@ def test_gc_removes_half_made_cache_entries_of_dead_makers_only(tmp_path, monkey
                    "    half = staging_path(cache_dir(kind) / name)\n"
                    "    (half / 'sub').mkdir(parents=True)\n"
                    "    (half / 'sub' / 'f').write_text('x')\n"
+                   "staging_path(cache_dir('python') / 'downloads-0.json').write_text('{}')\n"
                    "os.kill(os.getpid(), 9)\n", home=home)
     maker.wait(timeout=60)
     assert maker.returncode == -9, maker.stderr.read().decode()[-2000:]
-    dead = [p for kind in ("checkouts", "mirrors", "etc-shared") for p in cache_dir(kind).iterdir()]
-    assert len(dead) == 3 and all(p.name.startswith(".") for p in dead)
+    dead = [p for kind in ("checkouts", "mirrors", "etc-shared", "python") for p in cache_dir(kind).iterdir()]
+    assert len(dead) == 4 and all(p.name.startswith(".") for p in dead)
     live = staging_path(cache_dir("checkouts") / "cd-4567")
     live.mkdir()
     done = cache_dir("checkouts") / "ab-0123"
     done.mkdir()
-    assert reap_stale() >= 3
+    assert reap_stale() >= 4
     assert not any(p.exists() for p in dead)
     assert live.is_dir() and done.is_dir()
 
