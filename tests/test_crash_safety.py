@@ -291,8 +291,8 @@ environment_image(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)
 RUNTIME_BUILDER = """
 import sys
 from sandboxes.docker import images, runtime
-run = images._BuildContainer.run
-images._BuildContainer.run = lambda box, argv, **kw: run(box, ["sh", "-c", sys.argv[1] + " && " + argv[-1]], **kw)
+run = images.BuildContainer.run
+images.BuildContainer.run = lambda box, argv, **kw: run(box, ["sh", "-c", sys.argv[1] + " && " + argv[-1]], **kw)
 runtime.runtime_volume()
 """
 

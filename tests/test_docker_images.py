@@ -257,7 +257,7 @@ def test_list_and_prune_touch_only_labelled_images(client, docker_base, env_tag)
 
 @pytest.mark.slow
 def test_build_steps_get_the_hosts_pip_variables_minus_missing_paths(client, docker_base, monkeypatch, tmp_path):
-    from sandboxes.docker.images import _BuildContainer
+    from sandboxes.docker.images import BuildContainer
 
     monkeypatch.setenv("PIP_FIND_LINKS", "/no/such/wheels https://wheels.example/simple")
     monkeypatch.setenv("PIP_CONSTRAINT", "/no/such/constraints.txt")
@@ -265,7 +265,7 @@ def test_build_steps_get_the_hosts_pip_variables_minus_missing_paths(client, doc
     monkeypatch.setenv("https_proxy", "http://proxy.example:3128")
     monkeypatch.setenv("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
     monkeypatch.setenv("UNRELATED_SECRET", "x")
-    with _BuildContainer(docker_base, tmp_path / "build.log", purpose="test") as box:
+    with BuildContainer(docker_base, tmp_path / "build.log", purpose="test") as box:
         env = box.env
         name = box.container.name
     assert env["PIP_FIND_LINKS"] == "https://wheels.example/simple" and "PIP_CONSTRAINT" not in env

@@ -555,7 +555,7 @@ def build_environ() -> dict[str, str]:
     return env
 
 
-class _BuildContainer:
+class BuildContainer:
     """A labelled, always-removed container in which build steps run one ``exec`` at a time.
 
     Its main process reads its stdin, attached by this process (:func:`.connection.attach`, the
@@ -691,7 +691,7 @@ class _BuildContainer:
         remove_container(self.container)  # at once, not when the engine sees the tie close
         self._tie.close()
 
-    def __enter__(self) -> _BuildContainer:
+    def __enter__(self) -> BuildContainer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -826,7 +826,7 @@ def _python_stage_tar(uv: str, archive: python_archives.PythonArchive | None) ->
     return buf
 
 
-def _install_uv_python(box: _BuildContainer, spec: EnvironmentSpec, source: PythonSource,
+def _install_uv_python(box: BuildContainer, spec: EnvironmentSpec, source: PythonSource,
                        progress: Progress) -> tuple[str, str]:
     """Install ``source``'s Python with uv under :data:`PYTHON_ROOT` in ``box``; return its python3's
     path and version, checked to satisfy ``spec`` (and, from an archive, to be the version its
@@ -882,7 +882,7 @@ def _install_uv_python(box: _BuildContainer, spec: EnvironmentSpec, source: Pyth
 
 @contextmanager
 def _build_once(tag: str, key: str, image: str, header: str, summary: str,
-                progress: Progress) -> Iterator[_BuildContainer | None]:
+                progress: Progress) -> Iterator[BuildContainer | None]:
     """Build ``tag`` at most once on the engine, from ``image``.
 
     Yields None when the image exists (checked again once this process holds the build's
@@ -892,7 +892,7 @@ def _build_once(tag: str, key: str, image: str, header: str, summary: str,
         yield None
         return
     log_file = cache_dir("envs") / f"docker-{key}.log"
-    box = _BuildContainer(image, log_file, purpose=tag, key=key)
+    box = BuildContainer(image, log_file, purpose=tag, key=key)
     with box:
         if _image(tag) is not None:
             yield None
@@ -1075,7 +1075,7 @@ def prune_images(kinds: Iterable[str] = ("instance", "env"), *, dry_run: bool = 
 
 
 __all__ = [
-    "BASE_REPO", "ENV_REPO", "INSTANCE_REPO", "RELEASES", "base_tag", "bootstrap_base", "build_environ",
-    "environment_image", "host_mirror", "instance_image", "list_images", "prune_images", "python_source",
-    "release_for",
+    "BASE_REPO", "ENV_REPO", "INSTANCE_REPO", "RELEASES", "BuildContainer", "base_tag", "bootstrap_base",
+    "build_environ", "environment_image", "host_mirror", "instance_image", "list_images", "prune_images",
+    "python_source", "release_for",
 ]

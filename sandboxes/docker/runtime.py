@@ -10,7 +10,7 @@ and in the page cache for all of them, instead of a copy in each container's wri
 The volume's root is root's only (mode 0700): commands (uid 1000) cannot read or change what is in
 it. Every process on the engine shares it, so its build is coordinated through the engine: it is
 filled in a container named for the build (:mod:`.build_mutex`; tied to its builder, it ends with
-it: ``images._BuildContainer``), and labelled complete by a marker
+it: ``images.BuildContainer``), and labelled complete by a marker
 volume, ``<name>-complete``, created only once the fill succeeded. A volume without its marker (a
 killed builder's) is filled again in place under the same name; it is never removed while
 sandboxes may use it.
@@ -117,9 +117,9 @@ def discard_runtime(name: str) -> None:
 
 def _build(name: str, key: str, sources: dict[str, bytes]) -> None:
     """Fill the volume ``name`` in the build container named for it (the engine-wide mutex, tied to
-    this process as every build container is: ``images._BuildContainer``), unless its holder,
+    this process as every build container is: ``images.BuildContainer``), unless its holder,
     waited for, finished it; then create its marker."""
-    from .images import DEFAULT_RELEASE, _BuildContainer, ensure_base
+    from .images import DEFAULT_RELEASE, BuildContainer, ensure_base
 
     client = docker_client()
     base = ensure_base(DEFAULT_RELEASE)
@@ -135,7 +135,7 @@ def _build(name: str, key: str, sources: dict[str, bytes]) -> None:
     labels = {MANAGED_LABEL: "1", KIND_LABEL: "runtime"}
     client.volumes.create(name=name, labels=labels)  # returns the existing one if there is one
     log_file = cache_dir("envs") / f"docker-runtime-{key}.log"
-    with _BuildContainer(base.id, log_file, purpose=f"the sandbox runtime {name}", key=f"runtime-{key}",
+    with BuildContainer(base.id, log_file, purpose=f"the sandbox runtime {name}", key=f"runtime-{key}",
                          network=False, volumes={name: {"bind": "/v", "mode": "rw"}}) as box:
         if _complete(name):
             return  # the holder we waited for finished it
