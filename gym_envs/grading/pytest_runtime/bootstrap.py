@@ -40,7 +40,9 @@ turned blinker's ``invalid escape sequence`` DeprecationWarning into a SyntaxErr
 flask-4045 test failed to import), and cost every grading the compilation of its lazily imported
 dependencies.
 
-Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
+Standard library only, Python 3.6+ (no f-string ``=``, walrus or positional-only parameters): this
+runs under the task's interpreter, not patchgym's. Under 3.6 and 3.7 there is no audit hook
+(``audit.py``) and no ``sys.pycache_prefix``; the rest runs as above.
 """
 
 import importlib
@@ -151,8 +153,11 @@ def _preload_runner():
             pass
     try:
         from importlib import metadata
-    except ImportError:  # Python < 3.8 has no importlib.metadata
-        return
+    except ImportError:  # Python < 3.8: the backport pytest requires there, if installed
+        try:
+            import importlib_metadata as metadata
+        except ImportError:
+            return
     seen, queue = set(), ["pytest"]
     while queue:
         name = queue.pop()

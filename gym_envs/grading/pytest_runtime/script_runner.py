@@ -33,7 +33,7 @@ process with ``os._exit(0)`` leaves a record with no ``exit``. SymPy's ``test()`
 a child interpreter (to seed hash randomization); here they run in this process (which has a random
 hash seed: ``-I`` ignores ``PYTHONHASHSEED``), so that the recorder and the audit hook see them.
 
-Standard library only, Python 3.8+.
+Standard library only, Python 3.6+ (no audit hook before 3.8: ``audit.py``).
 """
 
 import functools
