@@ -187,7 +187,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         selectors = runners.pytest_selectors(requested + (canaries.ids if canaries else []), "files")
     else:
         selectors = runners.pytest_selectors(integrity.interleave(requested, canaries) if canaries else requested)
-    command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
+    command = (f"{start} -rA --junitxml={junit} --override-ini=junit_family=xunit1 "
                + " ".join(shlex.quote(t) for t in selectors)).rstrip()
     result = sandbox.exec(command if invocation is not None else BYTECODE_PREFIX + command, timeout=spec.timeout,
                           output_limit=LOG_LIMIT)
