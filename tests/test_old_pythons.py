@@ -12,6 +12,11 @@ was read from its output, and a patch that rewires ``unittest.TestResult`` (fail
 successes) got reward 1.0. Now the runtime runs there without its audit hook (isolated start,
 supervisor, reporter/recorder, canaries), the report names what it went without
 (``protections_missing``), gold resolves, and the forgeries below score 0 with the reason.
+
+Found on the way: without ``sys.pycache_prefix`` (3.8), a pyc the code under test wrote during the
+run for a module imported later was read (reward 1.0: ``test_bytecode_planted_during_the_run_is_not_read``);
+pytest 3.3's ``-o`` swallowed the test ids after it (every grading a usage error). Both fixed.
+Docker: the interpreter from ``patchgym images python-archive`` of pyenv's installation.
 """
 
 from __future__ import annotations
@@ -207,6 +212,126 @@ def test_the_interpreter_comes_from_the_supervisors_end_record():
     assert missing_protections(None) == missing_protections("x.y") == []
 
 
+# -- bytecode written into the tree during the run (no sys.pycache_prefix before 3.8) --------------
+
+# A repository whose tests import a test-support module (``tests/expected.py``) and whose
+# ``tests/conftest.py`` imports the package: the package's code runs before any test module is
+# imported, which is when a forger plants bytecode for what is imported next.
+PLANT_REPO = {
+    "calc/__init__.py": "def double(x):\n    return x * 3\n",
+    "tests/__init__.py": "",
+    "tests/conftest.py": "import calc  # noqa: F401\n",
+    "tests/expected.py": "DOUBLE_OF_2 = 4\n",
+    "tests/test_double.py": "from calc import double\n\n\ndef test_other():\n    assert double(0) == 0\n",
+}
+PLANT_TEST = ("\n\ndef test_double():\n    from tests.expected import DOUBLE_OF_2\n\n"
+              "    assert double(2) == DOUBLE_OF_2\n")
+
+# Writes ``pyc`` as the interpreter and pytest's assertion rewriter write their caches (magic, flags
+# from 3.7, the source's mtime and size, the code): a pyc that matches ``source`` as it is on disk.
+PLANT_FN = '''\
+def _pg_plant(source, code, pyc):
+    import importlib.util, marshal, os, struct, sys
+    st = os.stat(source)
+    head = importlib.util.MAGIC_NUMBER + (b"\\0\\0\\0\\0" if sys.version_info >= (3, 7) else b"")
+    try:
+        os.makedirs(os.path.dirname(pyc), exist_ok=True)
+        with open(pyc, "wb") as fh:
+            fh.write(head + struct.pack("<II", int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
+                     + marshal.dumps(code))
+    except OSError:
+        pass
+'''
+
+PLANTS = {
+    # The test-support module's cache, for the import system: the expected value the bug gives.
+    "support module": PLANT_FN + '''
+import importlib.util as _pg_util
+import os as _pg_os
+
+_pg_src = _pg_os.path.join(_pg_os.getcwd(), "tests", "expected.py")
+_pg_plant(_pg_src, compile("DOUBLE_OF_2 = 6\\n", _pg_src, "exec"), _pg_util.cache_from_source(_pg_src))
+''',
+    # The hidden test module's cache, for pytest's assertion rewriter: the module as it is on disk
+    # (canaries included) with the body of the test it wants passed emptied.
+    "rewritten test module": PLANT_FN + '''
+import ast as _pg_ast
+import os as _pg_os
+import sys as _pg_sys
+
+_pg_rw = _pg_sys.modules.get("_pytest.assertion.rewrite")
+_pg_src = _pg_os.path.join(_pg_os.getcwd(), "tests", "test_double.py")
+if _pg_rw is not None and hasattr(_pg_rw, "PYC_TAIL"):
+    with open(_pg_src) as _pg_fh:
+        _pg_tree = _pg_ast.parse(_pg_fh.read())
+    for _pg_node in _pg_tree.body:
+        if isinstance(_pg_node, _pg_ast.FunctionDef) and _pg_node.name == "test_double":
+            _pg_node.body = [_pg_ast.Pass()]
+    _pg_plant(_pg_src, compile(_pg_ast.fix_missing_locations(_pg_tree), _pg_src, "exec"),
+              _pg_os.path.join(_pg_os.path.dirname(_pg_src), "__pycache__", "test_double" + _pg_rw.PYC_TAIL))
+''',
+}
+
+
+@pytest.fixture(scope="module")
+def plant_tasks(tmp_path_factory) -> dict[str, Task]:
+    """python -> the double() task in an environment of that Python (3.8 too: the control)."""
+    from conftest import git
+
+    repo = tmp_path_factory.mktemp("plant") / "doubling"
+    for name, text in PLANT_REPO.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "calc/__init__.py").write_text("def double(x):\n    return x * 2\n")
+    patch = git(repo, "diff")
+    git(repo, "checkout", "-q", "--", ".")
+    (repo / "tests/test_double.py").write_text(PLANT_REPO["tests/test_double.py"] + PLANT_TEST)
+    test_patch = git(repo, "diff")
+    git(repo, "checkout", "-q", "--", ".")
+    pins = {**PYTEST_PINS, "3.8": "pytest==8.3.5"}
+    rows = [{"instance_id": f"fixture__doubling-py{python}", "repo": "fixture/doubling", "base_commit": base,
+             "problem_statement": "double(2) is 6", "version": "0.1", "created_at": "2026-01-02T12:00:00Z",
+             "patch": patch, "test_patch": test_patch, "FAIL_TO_PASS": ["tests/test_double.py::test_double"],
+             "PASS_TO_PASS": ["tests/test_double.py::test_other"],
+             "environment": {"python": python, "packages": [pins[python]]},
+             "test_spec": {"command": "python -m pytest -p no:cacheprovider", "format": "pytest", "timeout": 120},
+             "repo_path": str(repo)} for python in (*OLD, "3.8")]
+    path = repo.parent / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {t.environment.python: t for t in load_tasks(path)}
+
+
+def _plant_patch(task: Task, payload: str) -> str:
+    from conftest import git
+
+    repo = Path(task.repo_path)
+    try:
+        (repo / "calc/__init__.py").write_text(PLANT_REPO["calc/__init__.py"] + "\n\n" + payload)
+        return git(repo, "diff")
+    finally:
+        git(repo, "checkout", "-q", "--", ".")
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+@pytest.mark.parametrize("version", [*OLD, "3.8"])
+def test_bytecode_planted_during_the_run_is_not_read(plant, version, plant_tasks):
+    """Python < 3.8 has no ``sys.pycache_prefix``: before the defense, a pyc the code under test
+    wrote at run time for a module imported later (a test-support module; the hidden test module's
+    assertion-rewritten cache) was read, and the bug scored 1.0 (3.6 and 3.7; 3.8, the control,
+    reads no bytecode from the tree). The runtime now sends the cache lookups of every source in
+    the workspace to a path that holds nothing, as the prefix does from 3.8."""
+    _interpreter_or_skip(version)
+    task = plant_tasks[version]
+    gold = _verify(task, task.patch)
+    assert gold["resolved"] is True, forgery.describe(gold, gold["test_output"])
+    report = _verify(task, _plant_patch(task, PLANTS[plant]))
+    forgery.assert_refused(report, task, forgery.NoEffect(), report["test_output"])
+
+
 # -- Docker: the interpreter from an archive packed from the host's (pyenv's) installation ---------
 
 @pytest.fixture(scope="module")
@@ -236,6 +361,23 @@ def test_an_installation_packs_to_the_same_bytes_and_runs_from_its_archive(old_a
     assert json.loads(out) == [archive.version, str(tmp_path / "python")]
     with pytest.raises(python_archives.PackError, match="system prefix"):
         python_archives.pack_installation(Path("/usr"), tmp_path / "no")
+
+
+def test_the_python_archive_command(old_archives, tmp_path):
+    """``patchgym images python-archive PREFIX --output DIR`` (no Docker needed): the archive, or
+    exit status 2 and the reason."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    if "3.7" not in old_archives:
+        pytest.skip("no pyenv CPython 3.7 on this host to pack")
+    runner = CliRunner()
+    made = runner.invoke(app, ["images", "python-archive", str(pyenv_cpython("3.7")), "--output", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    assert [a.sha256 for a in python_archives.find_archives(tmp_path)] == [old_archives["3.7"].sha256]
+    refused = runner.invoke(app, ["images", "python-archive", str(tmp_path), "--output", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "holds no bin/python3.X" in refused.output
 
 
 @pytest.mark.slow

@@ -317,9 +317,7 @@ def missing_protections(python: str | None) -> list[str]:
         return []
     if len(version) < 2 or version >= RUNTIME_FULL_PYTHON:
         return []
-    return [f"no audit hook (PEP 578 needs Python 3.8): Python {python}",
-            f"no pycache prefix (Python 3.8): bytecode caches written into the tree during the run are read: "
-            f"Python {python}"]
+    return [f"no audit hook (PEP 578 needs Python 3.8): Python {python}"]
 
 
 # The runner modules the runtime's recorder wraps (pytest_runtime/script_runner.py's SYMPY_RUNNERS):

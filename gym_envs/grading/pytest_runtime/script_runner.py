@@ -395,6 +395,8 @@ def main():
         if prefix == bootstrap.NO_BYTECODE:
             bootstrap.read_installed_bytecode(policy.stdlib + policy.installed, WORKSPACE)
         sys.pycache_prefix = prefix
+        if bootstrap.NO_PYCACHE_PREFIX:  # the workspace's caches unread by hand
+            bootstrap.no_workspace_bytecode(WORKSPACE)
         path = os.path.abspath(script)
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
