@@ -33,7 +33,7 @@ LOG_LIMIT = 512 * 1024
 # environment's read-only bytecode prefix where the sandbox names one (sandboxes.bytecode: checked-hash
 # pycs, used only for a source of the same hash), else NO_BYTECODE. pytest started by the runtime
 # gets it from the runtime once pytest is loaded (Django's and SymPy's runners once unittest is);
-# commands it cannot take over (tox, a runner under Python < 3.8) get it here, for the whole run.
+# commands it cannot take over (tox, a runner under Python < 3.6) get it here, for the whole run.
 # Not passed to the runtime's run: its test processes' own children would then compile the whole
 # stdlib each where there is no prefix (pytester, CLI tests); the patch filter keeps the agent's
 # bytecode out of their way.
@@ -299,7 +299,7 @@ def pytest_invocation(command: str) -> tuple[str, str, str] | None:
     return prefix, shlex.quote(python), " ".join(shlex.quote(a) for a in args)
 
 
-# Python the runtime runs under (its syntax: f-strings); older interpreters (SWE-bench's Django 1.9-1.11
+# Python the runtime runs under (its syntax: f-strings); older interpreters (SWE-bench's Django 1.7-2.2
 # environments run 3.5) run the runner as written, read from its output.
 RUNTIME_MIN_PYTHON = (3, 6)
 # Python from which the runtime has everything: PEP 578 audit hooks and sys.pycache_prefix.
