@@ -332,6 +332,27 @@ def test_bytecode_planted_during_the_run_is_not_read(plant, version, plant_tasks
     forgery.assert_refused(report, task, forgery.NoEffect(), report["test_output"])
 
 
+@pytest.mark.parametrize("version", OLD)
+def test_no_bytecode_prefix_is_compiled_for_an_interpreter_without_pycache_prefix(version, tmp_path):
+    """Under 3.6 the compiler failed (no checked-hash pycs: a warning on every environment build);
+    under 3.7 ``cache_from_source`` ignored the prefix and the environment build wrote checked-hash
+    pycs beside the sources, into the interpreter's own stdlib (pyenv's, on the host) and the
+    checkout. Now it writes nothing and succeeds: the prefix is empty, nothing looks in it."""
+    from sandboxes.bytecode import COMPILER
+
+    prefix = pyenv_cpython(version)
+    if prefix is None:
+        pytest.skip(f"no pyenv CPython {version} on this host")
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "mod.py").write_text("X = 1\n")
+    proc = subprocess.run([str(prefix / "bin" / f"python{version}"), "-I", str(COMPILER), str(tmp_path / "prefix"),
+                           "--stdlib", f"{tree}=/testbed"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no pycs written" in proc.stdout
+    assert not list(tree.rglob("*.pyc")) and not (tmp_path / "prefix").exists()
+
+
 # -- Docker: the interpreter from an archive packed from the host's (pyenv's) installation ---------
 
 @pytest.fixture(scope="module")
