@@ -112,7 +112,7 @@ def calc_repos(tmp_path_factory) -> dict[str, forgery.Repo]:
 
 
 def _verify(task: Task, patch: str) -> dict:
-    report = Verifier(sandbox_factory("local")).verify(task, patch)
+    report = Verifier(sandbox_factory("local")).verify(task, patch, run_empty=not patch)
     out = forgery.report_dict(report)
     out["test_output"] = report.test_output
     return out
@@ -131,8 +131,9 @@ def test_gold_resolves_and_the_report_names_the_missing_hook(fmt, python, old_ta
     assert not gold["tampering_detected"] and gold["outcome"] == "resolved"
     _names_the_missing_hook(gold, python)
     assert "script_runner.py" not in gold["test_output"].splitlines()[0], "the command shown is the task's"
-    nothing = _verify(task, "")
-    forgery.assert_refused(nothing, task, forgery.AnyOf(forgery.NoEffect(), forgery.Error()))
+    nothing = _verify(task, "")  # the tests run, and fail
+    forgery.assert_refused(nothing, task, forgery.NoEffect())
+    assert not nothing["tampering_detected"], forgery.describe(nothing, nothing["test_output"])
 
 
 # pytest forgeries of test_reward_forgery (in calc's package): each caught without the audit hook,
