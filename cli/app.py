@@ -32,7 +32,7 @@ GROUPS = {
     "nemo-gym": ("Run patchgym as a NeMo Gym resources server.", [("init", serving.nemo_gym_init)]),
     "images": ("Docker images: a Debian base (debootstrap, no registry), environments, instances.", [
         ("bootstrap", images.bootstrap), ("build", images.build), ("list", images.list_images),
-        ("prune", images.prune)]),
+        ("prune", images.prune), ("python-archive", images.python_archive)]),
     "sandboxes": ("Sandboxes left behind by crashed processes.", [("gc", images.gc)]),
 }
 for _name, (_help, _commands) in GROUPS.items():

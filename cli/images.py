@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -129,6 +130,25 @@ def build(
             console.print(f"[red]failed[/] {instance_id}:\n{detail}", highlight=False, markup=False)
     if counts["failed"]:
         raise typer.Exit(1)
+
+
+def python_archive(
+    prefix: Annotated[Path, typer.Argument(help="A CPython installation prefix (its bin/python3.X), e.g. "
+                                                "~/.pyenv/versions/3.7.16.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The archive directory to write into "
+                                                                "($PATCHGYM_PYTHON_ARCHIVES).")],
+) -> None:
+    """Pack an installed CPython as a python-build-standalone install_only archive, for
+    $PATCHGYM_PYTHON_ARCHIVES on hosts that cannot download Python (no Docker needed)."""
+    from sandboxes.python_archives import PackError, pack_installation
+
+    started = time.monotonic()
+    try:
+        with console.status(f"packing {prefix}"):
+            archive = pack_installation(prefix.expanduser(), output.expanduser())
+    except PackError as exc:
+        fail(str(exc))
+    out.print(f"{archive} ({_size(archive.stat().st_size)}, {time.monotonic() - started:.0f}s)", highlight=False)
 
 
 def list_images() -> None:

@@ -15,7 +15,8 @@ since (by an agent's patch) is compiled afresh, and a pyc that does not match is
 
 A pyc already there that matches its source is left as it is (a second pass after install steps
 writes only what they changed); sources that do not compile (test data, Python 2 files) are skipped.
-Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
+Standard library only, Python 3.8+ (under an older one it writes nothing and succeeds: the prefix
+is empty): this runs under the task's interpreter, not patchgym's.
 """
 
 import importlib.util
@@ -81,6 +82,11 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     prefix, rest = os.path.abspath(argv[0]), argv[1:]
+    if not hasattr(sys, "pycache_prefix"):
+        # Python < 3.8: no interpreter would look in a prefix, and cache_from_source would write
+        # beside the sources instead (into the interpreter's own stdlib): an empty prefix.
+        print(f"no pycs written: Python {sys.version.split()[0]} has no sys.pycache_prefix")
+        return 0
     roots = []
     for arg in rest:
         if arg == "--stdlib":

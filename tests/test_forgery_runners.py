@@ -399,12 +399,14 @@ def test_script_invocation():
 
 
 def test_an_interpreter_too_old_for_the_runtime_falls_back_to_the_output():
-    """Python < 3.8 (SWE-bench's Django 1.9-3.0 environments): no audit hooks, so the runner runs
-    as written and is read from its output, as before."""
-    sandbox = FakeSandbox("test_a (m.tests.C) ... ok\n", exit_code=1)  # the version probe fails too
+    """Python < 3.6 (SWE-bench's Django 1.9-1.11 environments run 3.5; the runtime is 3.6 syntax):
+    the runner runs as written and is read from its output, and the run says so."""
+    sandbox = FakeSandbox("python 3.5.10\ntest_a (m.tests.C) ... ok\n", exit_code=1)  # the version probe fails too
     run = run_tests(sandbox, TestSpec(format="django"), ["test_a (m.tests.C)"])
     assert "script_runner.py" not in " ".join(sandbox.commands) and "| tee .patchgym-log-" in sandbox.commands[-1]
     assert not run.consistent
+    assert run.protections_missing == ["results read from the runner's output, which the code under test can "
+                                       "forge (the runtime needs Python 3.6: Python 3.5.10)"]
 
 
 def test_canaries_take_the_runners_style():

@@ -2,7 +2,8 @@
 (python-build-standalone archives installed by uv), on both backends; and what a constraint that
 none of them meets says.
 
-The archives here are made from the CPython running the tests (:mod:`pbs_archive`): this machine
+The archives here are made from the CPython running the tests (:mod:`pbs_archive`,
+:func:`sandboxes.python_archives.pack_installation`): this machine
 and CI reach no GitHub, and the interpreters they have are 3.9-3.13, so the mechanism is tested
 with the running one's exact version, which no Debian release ships (3.9.2, 3.11.2, 3.13.5).
 """
@@ -123,7 +124,7 @@ def host_archive(tmp_path_factory):
     """An archive of the running CPython (and one misnamed 3.99.1) in a directory of their own."""
     prefix, version = host_cpython()
     out = tmp_path_factory.mktemp("archives")
-    made = make_archive(prefix, version, out, tmp_path_factory.mktemp("stage"))
+    made = make_archive(prefix, out, tmp_path_factory.mktemp("stage"))
     if made is None:
         pytest.skip(f"the running CPython ({prefix}) does not run from a copy: no archive can be made of it")
     return out, version

@@ -330,7 +330,7 @@ def test_run_tests_pytest_command_goes_through_the_runtime():
     (command,) = sandbox.commands
     start = re.fullmatch(r"PATCHGYM_RESULTS=\.patchgym-results-[0-9a-f]{32}\.jsonl python -I -B "
                          r"\.patchgym-rt-[0-9a-f]{32}/bootstrap\.py -p no:cacheprovider -rA "
-                         r"--junitxml=\.patchgym-junit-[0-9a-f]{32}\.xml -o junit_family=xunit1 (.*)", command)
+                         r"--junitxml=\.patchgym-junit-[0-9a-f]{32}\.xml --override-ini=junit_family=xunit1 (.*)", command)
     assert start, command
     ids = shlex.split(start.group(1))
     asked = ["tests/a.py::test_x", "tests/b.py::test y"]

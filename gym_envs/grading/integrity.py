@@ -255,6 +255,7 @@ class RunRecord:
     exit_code: int | None = None
     ended: bool = False  # the supervisor's ``end``: every process of the run was dead when it was written
     end_status: int | None = None  # the runner's status as the supervisor saw it (``-N``: killed by signal N)
+    python: str | None = None  # the interpreter's version, from the supervisor's ``end``
     reported_twice: list[str] = field(default_factory=list)
     malformed: str | None = None
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL with no xfail marker
@@ -386,6 +387,8 @@ def parse_record(text: str) -> RunRecord:
             record.exit_code = event["code"]
         elif kind == "end":
             record.ended, record.end_status = True, event["status"]
+            python = event.get("python")
+            record.python = python if isinstance(python, str) else None
     return record
 
 

@@ -33,7 +33,7 @@ LOG_LIMIT = 512 * 1024
 # environment's read-only bytecode prefix where the sandbox names one (sandboxes.bytecode: checked-hash
 # pycs, used only for a source of the same hash), else NO_BYTECODE. pytest started by the runtime
 # gets it from the runtime once pytest is loaded (Django's and SymPy's runners once unittest is);
-# commands it cannot take over (tox, a runner under Python < 3.8) get it here, for the whole run.
+# commands it cannot take over (tox, a runner under Python < 3.6) get it here, for the whole run.
 # Not passed to the runtime's run: its test processes' own children would then compile the whole
 # stdlib each where there is no prefix (pytester, CLI tests); the patch filter keeps the agent's
 # bytecode out of their way.
@@ -64,6 +64,9 @@ class TestRun:
     # The runner ran but no test did (a collection, import or usage error): its first error line
     # (gym_envs.grading.labels.TESTS_COULD_NOT_START).
     could_not_start: str | None = None
+    # Protections of patchgym's runtime this run went without, each with why (an old interpreter,
+    # a command the runtime cannot take over): :func:`missing_protections`, :func:`_run_logged`.
+    protections_missing: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> set[str]:
@@ -184,7 +187,7 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         selectors = runners.pytest_selectors(requested + (canaries.ids if canaries else []), "files")
     else:
         selectors = runners.pytest_selectors(integrity.interleave(requested, canaries) if canaries else requested)
-    command = (f"{start} -rA --junitxml={junit} -o junit_family=xunit1 "
+    command = (f"{start} -rA --junitxml={junit} --override-ini=junit_family=xunit1 "
                + " ".join(shlex.quote(t) for t in selectors)).rstrip()
     result = sandbox.exec(command if invocation is not None else BYTECODE_PREFIX + command, timeout=spec.timeout,
                           output_limit=LOG_LIMIT)
@@ -196,6 +199,11 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
               if invocation is not None else None)
     if invocation is not None and (record is None or not record.started) and START_FAILED in result.output:
         _check_runner_starts(sandbox, invocation[1])
+    if invocation is None:
+        run.protections_missing = ["pytest not started by patchgym's runtime (a command it cannot take over): "
+                                   "results from junit XML and canaries only"]
+    elif record is not None:
+        run.protections_missing = missing_protections(record.python)
     if run.tampering is None and not result.timed_out:
         run.tampering = integrity.check_run(exit_code=result.exit_code, output=result.output,
                                             junit=junit_statuses, record=record,
@@ -291,9 +299,25 @@ def pytest_invocation(command: str) -> tuple[str, str, str] | None:
     return prefix, shlex.quote(python), " ".join(shlex.quote(a) for a in args)
 
 
-# Python the runtime needs (PEP 578 audit hooks, sys.pycache_prefix); older interpreters (SWE-bench's
-# Django 1.9-3.0 environments run 3.5-3.6) run the runner as written, read from its output.
-RUNTIME_MIN_PYTHON = (3, 8)
+# Python the runtime runs under (its syntax: f-strings); older interpreters (SWE-bench's Django 1.7-2.2
+# environments run 3.5) run the runner as written, read from its output.
+RUNTIME_MIN_PYTHON = (3, 6)
+# Python from which the runtime has everything: PEP 578 audit hooks and sys.pycache_prefix.
+RUNTIME_FULL_PYTHON = (3, 8)
+OUTPUT_TRUSTED = "results read from the runner's output, which the code under test can forge"
+
+
+def missing_protections(python: str | None) -> list[str]:
+    """What the runtime could not do under the interpreter the supervisor's ``end`` record names
+    (:data:`RUNTIME_FULL_PYTHON`): nothing missing for 3.8 on, or when the version is unknown
+    (a run without that record is judged by the record checks already)."""
+    try:
+        version = tuple(int(part) for part in (python or "").split(".")[:2])
+    except ValueError:
+        return []
+    if len(version) < 2 or version >= RUNTIME_FULL_PYTHON:
+        return []
+    return [f"no audit hook (PEP 578 needs Python 3.8): Python {python}"]
 
 
 # The runner modules the runtime's recorder wraps (pytest_runtime/script_runner.py's SYMPY_RUNNERS):
@@ -301,16 +325,26 @@ RUNTIME_MIN_PYTHON = (3, 8)
 RECORDED_RUNNER_FILES = {"sympy": ("sympy/testing/runtests.py", "sympy/utilities/runtests.py")}
 
 
-def _runtime_can_run(sandbox: Sandbox, fmt: str, python: str) -> bool:
-    """Whether patchgym's runtime can run this runner: ``python`` is recent enough (asked with
-    ``-I`` from ``/``, so nothing of the repository's takes part in the answer), and for SymPy the
-    repository has SymPy's runner module, whose reporter the runtime records from."""
-    check = f"import sys; sys.exit(0 if sys.version_info[:2] >= {RUNTIME_MIN_PYTHON!r} else 1)"
+def _runtime_refusal(sandbox: Sandbox, fmt: str, python: str) -> str | None:
+    """Why patchgym's runtime cannot run this runner, or None when it can: ``python`` must be recent
+    enough (asked with ``-I`` from ``/``, so nothing of the repository's takes part in the answer),
+    and for SymPy the repository must have SymPy's runner module, whose reporter the runtime records
+    from."""
+    check = ("import sys; print('python', '.'.join(map(str, sys.version_info[:3]))); "
+             f"sys.exit(0 if sys.version_info[:2] >= {RUNTIME_MIN_PYTHON!r} else 1)")
     command = f"(cd / && {python} -I -c {shlex.quote(check)})"
     files = RECORDED_RUNNER_FILES.get(fmt)
     if files:
-        command += " && { " + " || ".join(f"test -f {shlex.quote(f)}" for f in files) + "; }"
-    return sandbox.exec(command, timeout=120).ok
+        tests = " || ".join(f"test -f {shlex.quote(f)}" for f in files)
+        command += f" && {{ {tests} || {{ echo no-runner; exit 1; }}; }}"
+    probe = sandbox.exec(command, timeout=120)
+    if probe.ok:
+        return None
+    words = probe.output.split()
+    if words[-1:] == ["no-runner"]:
+        return "no SymPy runner module for the runtime to record from"
+    found = words[words.index("python") + 1] if "python" in words[:-1] else "unknown"
+    return f"the runtime needs Python {'.'.join(map(str, RUNTIME_MIN_PYTHON))}: Python {found}"
 
 
 def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: Sequence[str],
@@ -324,8 +358,10 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     output (:func:`_run_logged`)."""
     command = runners.build_command(spec.format, spec.command, tests, files)
     invocation = runners.script_invocation(spec.format, command)
-    if invocation is None or not _runtime_can_run(sandbox, spec.format, invocation.python):
-        return _run_logged(sandbox, spec, tests, files)
+    refusal = ("a command the runtime cannot take over" if invocation is None
+               else _runtime_refusal(sandbox, spec.format, invocation.python))
+    if refusal is not None:
+        return _run_logged(sandbox, spec, tests, files, refusal)
     harness = harness or place_harness_files(sandbox)
     requested = list(dict.fromkeys(tests))
     # The test files as written, read before anything of the agent's has run: what XFAIL they declare.
@@ -352,6 +388,8 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
         _check_script_runtime_starts(sandbox, invocation.python)
     if run.tampering is None and not result.timed_out:
         run.tampering = integrity.check_script_run(exit_code=result.exit_code, output=result.output, record=record)
+    if record is not None:
+        run.protections_missing = missing_protections(record.python)
     if record is None or record.exit_code is None:
         run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
                                                                       if result.timed_out else "")
@@ -418,15 +456,19 @@ def _check_script_runtime_starts(sandbox: Sandbox, python: str) -> None:
         raise SandboxError(f"the test environment's interpreter cannot start the runtime: {probe.output[-2000:]}")
 
 
-def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: Sequence[str]) -> TestRun:
-    """A runner without structured results: its whole output is kept in a file (the output
-    returned by ``exec`` is capped, and the middle of a long log would lose tests) and parsed."""
+def _run_logged(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: Sequence[str],
+                why: str) -> TestRun:
+    """A runner without structured results (``why``: the runtime could not take it over): its whole
+    output is kept in a file (the output returned by ``exec`` is capped, and the middle of a long
+    log would lose tests) and parsed. The run says so (``protections_missing``): only an exit
+    status that agrees with what was read stands between a forger and the reward."""
     command = runners.build_command(spec.format, spec.command, tests, files)
     log_file = f".patchgym-log-{uuid.uuid4().hex}.txt"
     script = f'{{ {command}\n}} 2>&1 | tee {log_file}; exit "${{PIPESTATUS[0]}}"'
     result = sandbox.exec(BYTECODE_PREFIX + script, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
-                  exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds)
+                  exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds,
+                  protections_missing=[f"{OUTPUT_TRUSTED} ({why})"])
     try:
         text = sandbox.read_file(log_file).decode("utf-8", errors="replace")
     except OSError:

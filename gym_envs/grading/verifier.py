@@ -60,6 +60,9 @@ class InstanceReport(BaseModel):
     results_consistent: bool = True
     tampering_detected: bool = Field(False, description="the test results show signs of forgery (reward 0)")
     tampering_reason: str | None = None
+    protections_missing: list[str] = Field(
+        default_factory=list, description="protections of the grading runtime this run went without, and why "
+        "(no audit hook under Python < 3.8; results read from a runner's output)")
     missing_tests: list[str] = Field(default_factory=list)
     outcome: Outcome | None = Field(None, description="how the grading ended, one label of "
                                                       "gym_envs.grading.labels (the same everywhere)")
@@ -267,6 +270,7 @@ class Verifier:
         report.tests_status = g.tests_status
         report.missing_tests = g.missing
         report.results_consistent = run.consistent
+        report.protections_missing = run.protections_missing
         if run.tampering:
             report.tampering_detected, report.tampering_reason = True, run.tampering
         report.resolved = (g.resolved and report.results_consistent and not run.timed_out

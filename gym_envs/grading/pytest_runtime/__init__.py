@@ -1,7 +1,7 @@
 """The code patchgym runs *inside* a grading sandbox around pytest (standard library only).
 
 These modules are not imported by the harness: their source is copied into the sandbox and run by
-the task's interpreter (any Python from 3.8 on), so they must not import anything of patchgym's.
+the task's interpreter (Python 3.6 on; the audit hook from 3.8), so they must not import anything of patchgym's.
 
 * :mod:`bootstrap` starts pytest so that nothing the agent wrote can change how the tests run:
   the runner and everything it imports are loaded before the repository is importable, stdlib and

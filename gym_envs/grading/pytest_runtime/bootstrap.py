@@ -27,9 +27,10 @@ in the tree (an image's own, or one the agent's patch slipped in) is read from t
 imported after pytest — the repository's, pytest's assertion-rewritten test modules — comes from a
 pyc whose source hash matches the source it is imported from, or is compiled from its source.
 Setting it on the command line instead would also look up the stdlib and pytest there (with
-``/dev/null``: 1.5 s -> 5.2 s to import pytest on a loaded 2-core machine). Python < 3.8 has no
-pycache prefix, and it is not set when the repository is pytest itself
-(:func:`runner_is_the_repository`); there only the patch filter holds.
+``/dev/null``: 1.5 s -> 5.2 s to import pytest on a loaded 2-core machine). Python < 3.8 has no pycache
+prefix: there the cache lookups of the workspace's sources are sent under :data:`NO_BYTECODE` by
+hand (:func:`no_workspace_bytecode`, :func:`rewriter_reads_no_bytecode`). Neither is done when the
+repository is pytest itself (:func:`runner_is_the_repository`); there only the patch filter holds.
 
 Where the environment has no prefix, modules of the stdlib and of installed distributions outside
 the workspace (the venv's site-packages, read-only in every sandbox) imported after that point keep
@@ -41,7 +42,9 @@ turned blinker's ``invalid escape sequence`` DeprecationWarning into a SyntaxErr
 flask-4045 test failed to import), and cost every grading the compilation of its lazily imported
 dependencies.
 
-Standard library only, Python 3.8+: this runs under the task's interpreter, not patchgym's.
+Standard library only, Python 3.6+ (no f-string ``=``, walrus or positional-only parameters): this
+runs under the task's interpreter, not patchgym's. Under 3.6 and 3.7 there is no audit hook
+(``audit.py``) and no ``sys.pycache_prefix``; the rest runs as above.
 """
 
 import importlib
@@ -60,6 +63,8 @@ START_FAILED = "patchgym-runtime: the test runner could not start:"
 # A bytecode cache prefix that cannot hold a file (``/dev/null`` is not a directory, even for root):
 # reads find nothing, writes fail silently, and the code under test cannot plant a cache there.
 NO_BYTECODE = "/dev/null/patchgym-no-bytecode"
+# Python < 3.8 (read as this module is loaded, before anything sets the attribute).
+NO_PYCACHE_PREFIX = not hasattr(sys, "pycache_prefix")
 PREFIX_ENV = "PATCHGYM_BYTECODE_PREFIX"  # sandboxes.bytecode.PREFIX_ENV (this file imports no patchgym)
 INTERNAL_ERROR = 3  # pytest.ExitCode.INTERNAL_ERROR
 # Plugins that pytest marks for assertion rewriting when a run loads them (``-p pytester`` declares
@@ -144,8 +149,11 @@ def _preload_runner():
             pass
     try:
         from importlib import metadata
-    except ImportError:  # Python < 3.8 has no importlib.metadata
-        return
+    except ImportError:  # Python < 3.8: the backport pytest requires there, if installed
+        try:
+            import importlib_metadata as metadata
+        except ImportError:
+            return
     seen, queue = set(), ["pytest"]
     while queue:
         name = queue.pop()
@@ -199,6 +207,46 @@ def read_installed_bytecode(dirs, workspace):
         return os.path.join(head, "__pycache__", name)
 
     external.cache_from_source = cache_from_source
+
+
+def no_workspace_bytecode(workspace):
+    """Python < 3.8 has no ``sys.pycache_prefix``: keep every bytecode cache of a source under
+    ``workspace`` from being read from then on, as the prefix does from 3.8 (a pyc the code under
+    test writes during the run, stamped with its source's mtime and size, would stand in for a
+    test-support module or a test module imported later).
+
+    The import system's cache path of such a source (``cache_from_source``, looked up in its own
+    module by ``SourceLoader.get_code``) becomes one under :data:`NO_BYTECODE`, where nothing can
+    exist; pytest's assertion rewriter is handled by :func:`rewriter_reads_no_bytecode`."""
+    import _frozen_importlib_external as external
+
+    root = os.path.realpath(workspace) + os.sep
+    original = external.cache_from_source
+    verdicts = {}
+
+    def inside(source):
+        head = os.path.dirname(source)
+        verdict = verdicts.get(head)
+        if verdict is None:
+            verdict = verdicts[head] = (os.path.realpath(head) + os.sep).startswith(root)
+        return verdict
+
+    def cache_from_source(path, debug_override=None, *, optimization=None):
+        cached = original(path, debug_override, optimization=optimization)
+        if inside(os.path.abspath(os.fspath(path))):
+            return NO_BYTECODE + os.sep + cached.lstrip(os.sep)
+        return cached
+
+    external.cache_from_source = cache_from_source
+
+
+def rewriter_reads_no_bytecode():
+    """pytest's assertion rewriter (already imported) reads no cached rewritten module: each test
+    module and ``conftest.py`` is rewritten from its source (Python < 3.8, where pytest keeps those
+    caches beside the sources, and reads them whatever ``-B`` says)."""
+    rewrite = sys.modules.get("_pytest.assertion.rewrite")
+    if rewrite is not None and hasattr(rewrite, "_read_pyc"):
+        rewrite._read_pyc = lambda *args, **kwargs: None
 
 
 def runner_is_the_repository():
@@ -281,6 +329,9 @@ def main():
             if prefix == NO_BYTECODE:
                 read_installed_bytecode(policy.stdlib + policy.installed, WORKSPACE)
             sys.pycache_prefix = prefix
+            if NO_PYCACHE_PREFIX:  # the same, by hand
+                no_workspace_bytecode(WORKSPACE)
+                rewriter_reads_no_bytecode()
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")
         return 3

@@ -22,7 +22,7 @@ Each ``report`` also says what the phase really did, for the harness to compare 
   ``conftest.py`` implements that hook, or the item's ``runtest`` was replaced on the item: the
   test ran under someone else's control.
 
-Standard library and pytest only, Python 3.8+.
+Standard library and pytest only, Python 3.6+.
 """
 
 import os

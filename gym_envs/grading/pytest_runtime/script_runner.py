@@ -33,7 +33,7 @@ process with ``os._exit(0)`` leaves a record with no ``exit``. SymPy's ``test()`
 a child interpreter (to seed hash randomization); here they run in this process (which has a random
 hash seed: ``-I`` ignores ``PYTHONHASHSEED``), so that the recorder and the audit hook see them.
 
-Standard library only, Python 3.8+.
+Standard library only, Python 3.6+ (no audit hook before 3.8: ``audit.py``).
 """
 
 import functools
@@ -383,6 +383,8 @@ def main():
         if prefix == bootstrap.NO_BYTECODE:
             bootstrap.read_installed_bytecode(policy.stdlib + policy.installed, WORKSPACE)
         sys.pycache_prefix = prefix
+        if bootstrap.NO_PYCACHE_PREFIX:  # the workspace's caches unread by hand
+            bootstrap.no_workspace_bytecode(WORKSPACE)
         path = os.path.abspath(script)
     except Exception as exc:
         sys.stderr.write(f"{START_FAILED} {type(exc).__name__}: {exc}\n")

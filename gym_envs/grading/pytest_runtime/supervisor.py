@@ -10,7 +10,8 @@ every signal it can, and lets the child go. It collects what the pipe carries wh
 runs, reaping the orphans as they die; when the runner has exited it kills every live descendant
 and reaps them until it has no child left, so that nothing of the run can write anything any more.
 Only then does it write the results file (created anew, never followed through a symlink): the
-records exactly as they came, and its own ``end`` record with the runner's status. It exits with
+records exactly as they came, and its own ``end`` record with the runner's status and the
+interpreter's version. It exits with
 that status (``128 + N`` for a runner killed by signal N).
 
 A process of the run can still write into the pipe while it lives; what it writes lands among the
@@ -18,7 +19,7 @@ reporter's records, where the harness takes anything that is not a well-formed r
 as tampering (:func:`gym_envs.grading.integrity.parse_record`). Nothing can write after the ``end``,
 and a results file without one was not finished by the supervisor.
 
-Standard library only, Python 3.8+: this runs under the task's interpreter. ``ctypes`` is used here,
+Standard library only, Python 3.6+: this runs under the task's interpreter. ``ctypes`` is used here,
 in the parent, before the child runs anything of the repository's; never in the child.
 """
 
@@ -94,7 +95,10 @@ def _supervise(child, read_fd, go_write, results):
     killed = _end_descendants()
     reader.join(10.0)  # every writer is dead: the pipe is at its end
     data = b"".join(chunks)[:MAX_RECORDS_BYTES]
-    end = {"event": "end", "status": status, "killed": killed, "subreaper": subreaper}
+    # The interpreter, from the one writer nothing of the run can outlast: the harness reports what
+    # it lacks (no audit hook before 3.8).
+    end = {"event": "end", "status": status, "killed": killed, "subreaper": subreaper,
+           "python": ".".join(map(str, sys.version_info[:3]))}
     _write_results(results, data + json.dumps(end).encode() + b"\n")
     return status if status >= 0 else 128 - status
 
