@@ -11,7 +11,7 @@ while a forger's profile or trace function is installed.
 Loaded through ``bootstrap.load_runtime_module`` as ``patchgym_records``: the audit hook counts its
 functions among the runner's (a swap of their ``__code__`` is tampering).
 
-Standard library only, Python 3.8+: this runs under the task's interpreter.
+Standard library only, Python 3.6+: this runs under the task's interpreter.
 """
 
 import json
