@@ -21,7 +21,7 @@ in its place and restored by ``--swebench-only``.
 ``repo_path`` is written relative to the task file when the repository lies under the task file's
 directory (the two move together), absolute otherwise.
 
-One file (about 540 lines): import and export are the two halves of one round trip, each one's
+One file (about 650 lines): import and export are the two halves of one round trip, each one's
 rules the inverse of the other's (fields kept verbatim, encodings remembered, ``original_<name>``
 restored); apart, a change to one half would not show what it breaks in the other.
 """
