@@ -6,7 +6,8 @@ what SWE-bench keeps outside the row — the environment and the test command �
 row's own patchgym ``environment``/``test_spec``; its ``install_config`` (SWE-rebench's field); the
 ``--specs`` file (``{"owner/name": {"<version>": {...}}}``, SWE-bench's MAP_REPO_VERSION_TO_SPECS;
 a ``"*"`` version applies to every version); the built-in specs of SWE-bench's repositories
-(``tasks/specs/swebench.json``, the same format); defaults, with a warning.
+(``tasks/specs/swebench.json``, SWE-bench's constants as JSON, made by :mod:`tasks.builtin_specs`, read
+and applied as ``--specs`` is); defaults, with a warning.
 
 Round trip: a task keeps the row it was read from (:attr:`Task.raw_row`), and rows are written
 from it — its key order, its fields unknown to patchgym verbatim, ``FAIL_TO_PASS``/``PASS_TO_PASS``
@@ -20,7 +21,7 @@ in its place and restored by ``--swebench-only``.
 ``repo_path`` is written relative to the task file when the repository lies under the task file's
 directory (the two move together), absolute otherwise.
 
-One file (about 540 lines): import and export are the two halves of one round trip, each one's
+One file (about 650 lines): import and export are the two halves of one round trip, each one's
 rules the inverse of the other's (fields kept verbatim, encodings remembered, ``original_<name>``
 restored); apart, a change to one half would not show what it breaks in the other.
 """
@@ -41,6 +42,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from tasks.builtin_specs import BUILTIN_SPECS
 from tasks.catalog import repo_source
 from tasks.model import (
     DEFAULT_TEST_COMMANDS,
@@ -81,9 +83,6 @@ REQS_CANDIDATES = ("requirements.txt", "requirements-dev.txt", "requirements/dev
 # change the system (packages, locales, /etc) belong to the environment; the others edit the checkout
 # (sphinx's specs pin dependencies by editing setup.py and tox.ini) and so must run where it is.
 _SYSTEM_STEP = re.compile(r"\b(?:apt-get|apt|dpkg|locale-gen|update-locale)\b|>\s*/etc/")
-
-# What SWE-bench keeps outside its rows for its own repositories, per repository and version.
-BUILTIN_SPECS = Path(__file__).with_name("specs") / "swebench.json"
 REQS_HEREDOC = "PATCHGYM_REQUIREMENTS_EOF"
 
 TestsEncoding = Literal["json", "list", "source"]
@@ -255,18 +254,26 @@ def _git_reader(repo_path: str, commit: str) -> Callable[[str], str | None]:
     return read
 
 
+def _reqs_paths(repo: str, config: Mapping[str, Any], constants: HarnessConstants | None) -> list[str] | None:
+    """``MAP_REPO_TO_REQS_PATHS[repo]`` when the spec installs SWE-bench's requirement file and
+    names no ``reqs_path`` of its own; else None."""
+    declared = config.get("packages")
+    if (constants is None or not isinstance(declared, str) or declared.strip() != "requirements.txt"
+            or config.get("reqs_path") or repo not in constants.reqs_paths):
+        return None
+    return constants.reqs_paths[repo]
+
+
 def _read_requirements(row: Mapping[str, Any], repo: str, repo_path: str | None, config: Mapping[str, Any],
                        constants: HarnessConstants | None, result: ImportResult) -> tuple[str, str] | None:
     """A spec's requirement file as SWE-bench's harness reads it: the first of
     ``MAP_REPO_TO_REQS_PATHS[repo]`` at the row's ``environment_setup_commit`` (else its base
     commit), with its ``-r`` files, and ``REPLACE_REQ_PACKAGES`` applied. None when the spec
     needs none, names its own ``reqs_path``, or the file cannot be read here (then it is
-    installed from the checkout at build time, as before)."""
-    declared = config.get("packages")
-    if (constants is None or not isinstance(declared, str) or declared.strip() != "requirements.txt"
-            or config.get("reqs_path") or repo not in constants.reqs_paths):
+    installed from the checkout at build time: the first of those paths there)."""
+    paths = _reqs_paths(repo, config, constants)
+    if constants is None or paths is None:
         return None
-    paths = constants.reqs_paths[repo]
     commit = row.get("environment_setup_commit") or row.get("base_commit")
     found = None
     if repo_path and not is_url(repo_path) and isinstance(commit, str) and commit:
@@ -279,9 +286,15 @@ def _read_requirements(row: Mapping[str, Any], repo: str, repo_path: str | None,
 
 
 @cache
+def builtin_constants() -> HarnessConstants:
+    """SWE-bench's constants patchgym carries for every Python repository SWE-bench lists, with
+    patchgym's changes (:mod:`tasks.builtin_specs`), read as ``--specs`` reads them."""
+    return load_spec_tables(BUILTIN_SPECS)
+
+
 def builtin_specs() -> dict[str, dict[str, dict[str, Any]]]:
-    """The specs patchgym carries for SWE-bench's repositories (Lite and Verified)."""
-    return load_specs(BUILTIN_SPECS)
+    """The built-in spec map: repository → version → spec."""
+    return builtin_constants().specs
 
 
 def lookup_spec(specs: Mapping[str, Mapping[str, dict[str, Any]]] | None, repo: str, version: Any) -> dict | None:
@@ -292,14 +305,23 @@ def lookup_spec(specs: Mapping[str, Mapping[str, dict[str, Any]]] | None, repo: 
     return versions.get(key) or versions.get("*")
 
 
-def _as_list(value: Any, *, split: bool = False) -> list[str]:
+def _as_list(value: Any) -> list[str]:
     if value is None or value == "":
         return []
     if isinstance(value, str):
-        return value.split() if split else [value]
+        return [value]
     if isinstance(value, (list, tuple)):
         return [str(v) for v in value if v is not None and str(v).strip()]
     return [str(value)]
+
+
+def _shell_words(text: str) -> list[str]:
+    """``text`` split as a shell would (SWE-bench puts ``packages`` into a shell command); plain
+    whitespace splitting where it is not valid shell."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
 
 
 def detect_format(config: Mapping[str, Any], command: str, repo: str) -> TestFormat:
@@ -332,11 +354,14 @@ def _requirements_text_step(path: str, text: str) -> str:
             f"python -m pip install -r /dev/stdin <<'{REQS_HEREDOC}'\n{body}{REQS_HEREDOC}")
 
 
-def environment_from_config(config: Mapping[str, Any], repo: str, *, requirements: tuple[str, str] | None = None
-                            ) -> tuple[EnvironmentConfig, TestSpec, list[str]]:
+def environment_from_config(config: Mapping[str, Any], repo: str, *, requirements: tuple[str, str] | None = None,
+                            reqs_paths: list[str] | None = None) -> tuple[EnvironmentConfig, TestSpec, list[str]]:
     """An ``install_config`` (SWE-rebench) or a SWE-bench spec as patchgym's environment and test
     spec, with warnings for what could not be carried over. ``requirements`` (path, text) are the
-    spec's requirement file as read at the row's environment commit (:func:`_read_requirements`)."""
+    spec's requirement file as read at the row's environment commit (:func:`_read_requirements`);
+    without them, the first of ``reqs_paths`` (SWE-bench's ``MAP_REPO_TO_REQS_PATHS[repo]``, else
+    :data:`REQS_CANDIDATES`) in the checkout is installed at build time. A ``packages`` string is
+    split as the shell SWE-bench gives it to does (scikit-learn's quotes its specifiers)."""
     warnings: list[str] = []
     packages: list[str] = []
     install: list[str] = []
@@ -345,14 +370,19 @@ def environment_from_config(config: Mapping[str, Any], repo: str, *, requirement
         install.append(_requirements_text_step(*requirements))
     elif isinstance(declared, str) and declared.strip() == "requirements.txt":
         reqs = _as_list(config.get("reqs_path"))
+        candidates = reqs_paths or list(REQS_CANDIDATES)
         install += [_requirements_step(r) for r in reqs] or [
-            f"for f in {' '.join(REQS_CANDIDATES)}; do if [ -f \"$f\" ]; then exec python -m pip install -r \"$f\"; "
-            f"fi; done; echo 'no requirements file: tried {', '.join(REQS_CANDIDATES)}' >&2; exit 1"]
+            f"for f in {' '.join(shlex.quote(c) for c in candidates)}; do if [ -f \"$f\" ]; then "
+            f"exec python -m pip install -r \"$f\"; fi; done; "
+            f"echo {shlex.quote('no requirements file: tried ' + ', '.join(candidates))} >&2; exit 1"]
     elif isinstance(declared, str) and declared.strip() in ("environment.yml", "environment.yaml"):
         warnings.append("packages from environment.yml (conda) are not installed; list them in pip_packages")
+    elif isinstance(declared, str):
+        packages += _shell_words(declared)
     else:
-        packages += _as_list(declared, split=True)
-    packages += _as_list(config.get("pip_packages"), split=True)
+        packages += _as_list(declared)
+    pip_packages = config.get("pip_packages")
+    packages += _shell_words(pip_packages) if isinstance(pip_packages, str) else _as_list(pip_packages)
     pre_install = [s for s in _as_list(config.get("pre_install")) if _SYSTEM_STEP.search(s)]
     install += [s for s in _as_list(config.get("pre_install")) if not _SYSTEM_STEP.search(s)]
     install += _as_list(config.get("install"))
@@ -513,8 +543,10 @@ def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapp
                     f"{environment.python}, packages {environment.packages}, install {environment.install}, "
                     f"{test_spec.format} runner)")
         return environment, test_spec, "defaults"
-    requirements = _read_requirements(row, repo, repo_path, config, constants, result) if source == "specs" else None
-    environment, test_spec, warnings = environment_from_config(config, repo, requirements=requirements)
+    tables = {"specs": constants, "builtin": builtin_constants()}.get(source)
+    requirements = _read_requirements(row, repo, repo_path, config, tables, result)
+    environment, test_spec, warnings = environment_from_config(config, repo, requirements=requirements,
+                                                               reqs_paths=_reqs_paths(repo, config, tables))
     for message in warnings:
         result.warn(f"{repo} {version}: {message}")
     return environment, test_spec, source

@@ -166,3 +166,41 @@ def test_a_repository_that_cannot_be_read_falls_back_with_a_warning(sqlfluff_rep
     (task,) = result.tasks
     assert any("requirements_dev.txt could be read" in w or "none of requirements_dev.txt" in w for w in result.warnings)
     assert "requirements" in task.environment.install[0]
+
+
+def test_builtin_specs_rewrite_requirements_as_specs_does(sqlfluff_repo, tmp_path):
+    """With no --specs, sqlfluff's built-in spec installs requirements_dev.txt as SWE-bench's
+    harness does: read at the environment's commit, types-pkg_resources rewritten."""
+    repo, env_commit, base = sqlfluff_repo
+    row = {"instance_id": "sqlfluff__sqlfluff-3", "repo": "sqlfluff/sqlfluff", "base_commit": base,
+           "environment_setup_commit": env_commit, "version": "0.6", "problem_statement": "x", "patch": "",
+           "test_patch": "", "FAIL_TO_PASS": ["test/a_test.py::test_a"], "PASS_TO_PASS": []}
+    result = import_rows([("line 1", row)], repos=repo.parent, output=tmp_path / "t.jsonl")
+    (task,) = result.tasks
+    assert result.environment_source == {"sqlfluff__sqlfluff-3": "builtin"}
+    first, *rest = task.environment.install
+    assert rest == ["python -m pip install -e ."]
+    listed = subprocess.run(["bash", "-c", first.replace("python -m pip install -r /dev/stdin", "cat")],
+                            capture_output=True, text=True, check=True).stdout
+    assert [line for line in listed.split("\n") if line.strip()] == [
+        "click>=7.1", "colorama>=0.3", "flake8", "types-setuptools", "types-toml"]
+
+
+def test_unread_requirements_are_installed_from_swebenchs_paths_at_build_time(sqlfluff_repo, tmp_path):
+    """Where the file cannot be read at import, the build installs the first of the repository's
+    MAP_REPO_TO_REQS_PATHS in the checkout (sqlfluff's requirements_dev.txt is in no generic list)."""
+    repo, _, base = sqlfluff_repo
+    row = {"instance_id": "sqlfluff__sqlfluff-4", "repo": "sqlfluff/sqlfluff", "base_commit": base,
+           "environment_setup_commit": "0" * 40, "version": "0.6", "problem_statement": "x", "patch": "",
+           "test_patch": "", "FAIL_TO_PASS": ["test/a_test.py::test_a"], "PASS_TO_PASS": []}
+    result = import_rows([("line 1", row)], repos=repo.parent, output=tmp_path / "t.jsonl")
+    (task,) = result.tasks
+    assert any("none of requirements_dev.txt could be read" in w for w in result.warnings)
+    step = task.environment.install[0]
+    assert step.startswith("for f in requirements_dev.txt; do") and "requirements-dev.txt" not in step
+    work = tmp_path / "checkout"
+    work.mkdir()
+    (work / "requirements_dev.txt").write_text("flake8\n")
+    ran = subprocess.run(["bash", "-c", step.replace("python -m pip install -r", "cat")], cwd=work,
+                         capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout == "flake8\n"

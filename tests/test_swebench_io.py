@@ -44,6 +44,7 @@ from tasks.model import TaskFileError, TestSpec
 from tasks.row_sources import read_source_rows
 from tasks.swebench_io import (
     RepoNotFoundError,
+    builtin_constants,
     builtin_specs,
     clone_url,
     environment_from_config,
@@ -921,15 +922,29 @@ def test_swebench_repositories_need_no_specs_file(swebench_dataset, tmp_path):
 
 
 def test_builtin_specs_cover_swebench_and_all_convert():
-    specs = builtin_specs()
-    for repo in ("astropy/astropy", "django/django", "matplotlib/matplotlib", "mwaskom/seaborn", "pallets/flask",
-                 "psf/requests", "pydata/xarray", "pylint-dev/pylint", "pytest-dev/pytest",
-                 "scikit-learn/scikit-learn", "sphinx-doc/sphinx", "sympy/sympy"):
-        assert specs.get(repo), f"no built-in spec for {repo}"
-        for version, config in specs[repo].items():
+    """Every Python repository SWE-bench's harness lists (constants/python.py before its
+    restructuring): its test split's and Verified's 12, Lite dev's 6, dbt-core and HumanEval."""
+    tables = builtin_constants()
+    specs = tables.specs
+    assert set(specs) == {
+        "astropy/astropy", "django/django", "matplotlib/matplotlib", "mwaskom/seaborn", "pallets/flask",
+        "psf/requests", "pydata/xarray", "pylint-dev/pylint", "pytest-dev/pytest", "scikit-learn/scikit-learn",
+        "sphinx-doc/sphinx", "sympy/sympy", "marshmallow-code/marshmallow", "pvlib/pvlib-python",
+        "pydicom/pydicom", "pylint-dev/astroid", "pyvista/pyvista", "sqlfluff/sqlfluff", "dbt-labs/dbt-core",
+        "swe-bench/humaneval"}
+    for repo, versions in specs.items():
+        for version, config in versions.items():
             environment, test_spec, _ = environment_from_config(config, repo)
             assert environment.python and test_spec.command, (repo, version)
             assert test_spec.format == {"django/django": "django", "sympy/sympy": "sympy"}.get(repo, "pytest")
+            if config.get("packages") == "requirements.txt" and not config.get("reqs_path"):
+                assert tables.reqs_paths.get(repo), f"{repo} {version}: requirements.txt from no path"
+    assert tables.reqs_paths["pyvista/pyvista"] == ["requirements_test.txt", "requirements.txt"]
+    assert tables.replace_req_packages == (("types-pkg_resources", "types-setuptools"),)
+    # scikit-learn 1.3+ quotes its specifiers for SWE-bench's shell; pip must not see the quotes
+    sklearn = environment_from_config(specs["scikit-learn/scikit-learn"]["1.3"], "scikit-learn/scikit-learn")[0]
+    assert "numpy==1.19.2" in sklearn.packages and "pandas<2.0.0" in sklearn.packages
+    assert not any("'" in p for p in sklearn.packages)
     assert specs["django/django"]["3.0"]["python"].startswith("3.")
     # flask 2.0's requirements/dev.txt installs sphinx from a git URL; its tests need only tests.txt
     flask = environment_from_config(specs["pallets/flask"]["2.0"], "pallets/flask")[0]
