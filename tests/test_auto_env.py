@@ -226,3 +226,40 @@ def test_the_python_of_the_commits_time_is_tried_first():
     assert auto_env.era_python(["3.11", "3.9"], datetime(2024, 1, 1, tzinfo=timezone.utc)) == "3.11"
     assert auto_env.era_python(["3.11", "3.9"], datetime(2015, 1, 1, tzinfo=timezone.utc)) == "3.9"  # the nearest
     assert auto_env.era_python(["3.11"], None) is None
+
+
+def test_a_development_requirement_uv_cannot_resolve_is_left_out_but_a_runtime_one_is_not(tmp_path):
+    """sqlfluff's requirements_dev.txt names types-pkg_resources, every release of which is yanked:
+    the whole recipe failed, as of the commit and as declared, for a type stub no test imports."""
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS, "setup.py": "from setuptools import setup\n"
+                                                    "setup(name='tinylib', install_requires=['click>=7'])\n",
+                        "requirements_dev.txt": "pytest\nhypothesis\ntypes-pkg_resources\n"})
+    yanked = ("error: No solution found when resolving dependencies: cause: Because types-pkg-resources<=0.1.2 "
+              "was yanked (reason: Use types-setuptools instead) and only the following versions of "
+              "types-pkg-resources are available: types-pkg-resources<=0.1.2")
+    asked = []
+
+    def resolver(requirements, python, date):
+        asked.append(list(requirements))
+        names = [r.split(">")[0].split("=")[0] for r in requirements]
+        if "types-pkg_resources" in names:
+            raise auto_env.ResolveError(yanked)
+        if "click" in names and python == "3.11":
+            raise auto_env.ResolveError("error: No solution found: cause: Because there are no versions of click>=7 "
+                                        "and you require click>=7, we can conclude that your requirements are unsatisfiable.")
+        return [f"{n}==1.0" for n in names]
+
+    when = datetime(2021, 10, 13, tzinfo=timezone.utc)
+    with files_at(repo, sha) as files:
+        recipes = auto_env.candidate_recipes(files, as_of=when, resolver=resolver, pythons=("3.9", "3.11"))
+    first = recipes[0]
+    assert first.name.startswith("declared as of 2021-10-13 (python 3.9)")
+    environment = first.resolve()
+    assert environment.packages == ["click==1.0", "pytest==1.0", "hypothesis==1.0"]
+    assert len(asked) == 2 and "types-pkg_resources" in asked[0]
+    assert any("left out types-pkg-resources" in n for n in first.notes)
+    # a requirement of the project itself is never left out: the resolution fails, said as uv said it
+    on_311 = next(r for r in recipes if r.resolve and "python 3.11" in r.name)
+    with pytest.raises(auto_env.ResolveError, match="no versions of click"):
+        on_311.resolve()

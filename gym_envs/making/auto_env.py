@@ -27,7 +27,7 @@ import re
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -246,6 +246,35 @@ def resolve_as_of(requirements: Sequence[str], python: str, date: datetime, time
     return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
+# uv's words for a requirement none of whose releases can be had (all yanked, none published, none
+# for the date or the Python), followed by the name in question.
+UNAVAILABLE = re.compile(r"(?:there (?:are|is) no versions of|only the following versions of|Because|and)\s+"
+                         r"([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def resolve_leaving_out(requirements: Sequence[str], python: str, date: datetime, optional: Collection[str],
+                        resolver: Callable[..., list[str]], notes: list[str], tries: int = 3) -> list[str]:
+    """``resolver``'s pins, leaving out (at most ``tries`` times, each said in ``notes``) a
+    requirement of ``optional`` (canonical names) that uv names as the cause of no solution.
+
+    Development requirement files carry tooling the tests never import, and one of them with every
+    release yanked (sqlfluff's ``types-pkg_resources``, replaced by types-setuptools) sinks the
+    whole recipe, resolved as of any date or installed as declared. Only test and development
+    requirements are ``optional``: a runtime requirement left out would make an environment that
+    collects but is not the project's."""
+    wanted = list(requirements)
+    for _ in range(tries):
+        try:
+            return resolver(wanted, python, date)
+        except ResolveError as exc:
+            cause = next((n for n in (rs._req_name(m) for m in UNAVAILABLE.findall(str(exc))) if n in optional), None)
+            if cause is None:
+                raise
+            wanted = [r for r in wanted if rs._req_name(r) != cause]
+            notes.append(f"packages: left out {cause}, which uv could not resolve ({str(exc)[:160]})")
+    return resolver(wanted, python, date)
+
+
 def commit_date(files: RepoFiles) -> datetime:
     with Repo(files.git_dir) as repo:
         return repo.commit(files.commit).committed_datetime
@@ -317,15 +346,18 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
                                   EnvironmentConfig(python=python, packages=packages, install=steps), why))
         elif as_of is not None and resolver is not None:
             wanted = [*runtime, *extra_deps, *(re.sub(r"^pytest==[\d.]+$", "pytest", p) for p in packages)]
+            required = {rs._req_name(r) for r in runtime} | {"pytest"}
+            optional = {n for n in map(rs._req_name, [*extra_deps, *packages]) if n and n not in required}
+            recipe_notes = [*why, f"packages: resolved by uv as released before {as_of.isoformat()}"]
 
-            def resolve(wanted: list[str] = wanted, python: str = python,
-                        steps: list[str] = steps) -> EnvironmentConfig:
-                return EnvironmentConfig(python=python, packages=resolver(wanted, python, as_of), install=steps)
+            def resolve(wanted: list[str] = wanted, python: str = python, steps: list[str] = steps,
+                        optional: set[str] = optional, recipe_notes: list[str] = recipe_notes) -> EnvironmentConfig:
+                pins = resolve_leaving_out(wanted, python, as_of, optional, resolver, recipe_notes)
+                return EnvironmentConfig(python=python, packages=pins, install=steps)
 
             recipes.append(Recipe(f"{name} as of {as_of.date()} (python {python})",
                                   EnvironmentConfig(python=python, packages=wanted, install=steps),
-                                  [*why, f"packages: resolved by uv as released before {as_of.isoformat()}"],
-                                  resolve))
+                                  recipe_notes, resolve))
 
     for python in order:
         for dated in (True, False):  # the releases of the commit's time first: collecting is not passing
