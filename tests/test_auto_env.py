@@ -263,3 +263,38 @@ def test_a_development_requirement_uv_cannot_resolve_is_left_out_but_a_runtime_o
     on_311 = next(r for r in recipes if r.resolve and "python 3.11" in r.name)
     with pytest.raises(auto_env.ResolveError, match="no versions of click"):
         on_311.resolve()
+
+
+def test_resolving_as_of_a_date_takes_a_release_the_date_hides_when_none_before_it_is_left():
+    """atomicwrites' releases before 2022-07 were deleted from PyPI: as of 2019, uv backtracked to
+    pytest 3.5.1 (the last without it) for marshmallow, or found no solution for pytest 4.x."""
+    import subprocess
+
+    calls = []
+    hint = ("error: No solution found when resolving dependencies\n  cause: Because there are no versions of "
+            "atomicwrites and pytest>=4.0.0 depends on atomicwrites>=1.0, we can conclude ...\n\nhint: "
+            "`pluggy` was filtered by `exclude-newer` to only include packages uploaded before "
+            "2019-08-20T09:44:59Z. The latest version satisfying the requirement is v0.13.0, published at "
+            "2019-09-01T10:00:00.123Z.\n")
+
+    def run(argv, **_):
+        calls.append(argv)
+        if len(calls) == 1:
+            return subprocess.CompletedProcess(argv, 1, "", "warning: no managed Python\n" + hint)
+        return subprocess.CompletedProcess(argv, 0, "# header\npluggy==0.13.0\npytest==4.6.5\n", "")
+
+    when = datetime(2019, 8, 20, 9, 44, 59, tzinfo=timezone.utc)
+    pins = auto_env.resolve_as_of(["pytest==4.6.5"], "3.9", when, run=run)
+    assert pins == ["pluggy==0.13.0", "pytest==4.6.5"]
+    assert "--exclude-newer" in calls[0] and "2019-08-20T09:44:59Z" in calls[0]
+    assert any(a.startswith("--exclude-newer-package=atomicwrites=") for a in calls[0])  # from the start
+    assert "--exclude-newer-package=pluggy=2019-09-01T10:01:00Z" in calls[1]
+
+    def never(argv, **_):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "warning: no managed Python\n" + hint)
+
+    calls.clear()
+    with pytest.raises(auto_env.ResolveError, match="No solution found") as failed:
+        auto_env.resolve_as_of(["pytest==4.6.5"], "3.9", when, run=never)
+    assert len(calls) == 2 and "warning" not in str(failed.value)  # tried once more, then uv's reason
