@@ -298,3 +298,38 @@ def test_resolving_as_of_a_date_takes_a_release_the_date_hides_when_none_before_
     with pytest.raises(auto_env.ResolveError, match="No solution found") as failed:
         auto_env.resolve_as_of(["pytest==4.6.5"], "3.9", when, run=never)
     assert len(calls) == 2 and "warning" not in str(failed.value)  # tried once more, then uv's reason
+
+
+def test_a_commit_older_than_its_python_gets_the_first_wheels_for_it_else_builds_the_sdist():
+    """xarray of 2019 on Python 3.9: numpy 1.17 and pandas 0.25 have no cp39 wheel, and the build
+    compiled them for many minutes; the releases that first had wheels for 3.9 are taken instead,
+    and a project that never published a wheel (old pure-Python ones) is still built from source."""
+    import subprocess
+
+    def no_wheels(name):
+        return (f"error: No solution found when resolving dependencies\n  cause: Because {name}>=1.14.0 has no "
+                f"usable wheels and you require {name}>=1.14, we can conclude ...\n\nhint: Wheels are required "
+                f"for `{name}` because building from source is disabled for all packages (i.e., with `--no-build`)\n")
+
+    calls = []
+
+    def run(argv, **_):
+        calls.append(argv)
+        if len(calls) <= 2:  # numpy: none as of the commit, none 90 days after 3.9 either (say)
+            return subprocess.CompletedProcess(argv, 1, "", no_wheels("numpy"))
+        return subprocess.CompletedProcess(argv, 0, "numpy==1.17.2\n", "")
+
+    when = datetime(2019, 10, 12, tzinfo=timezone.utc)
+    assert auto_env.resolve_as_of(["numpy>=1.14"], "3.9", when, run=run) == ["numpy==1.17.2"]
+    first, second, third = (" ".join(a) for a in calls)
+    assert "--only-binary :all:" in first and "numpy" not in first.replace("numpy>=", "")
+    assert "--exclude-newer-package=numpy=2021-01-03T00:00:00Z" in second  # 3.9's release + 90 days
+    assert "--no-binary=numpy" in third and "--exclude-newer-package=numpy" not in third
+
+    # a commit newer than its Python's first wheels: built from source as of the commit at once
+    calls.clear()
+    later = datetime(2022, 3, 1, tzinfo=timezone.utc)
+    auto_env.resolve_as_of(["numpy>=1.14"], "3.9", later, run=lambda argv, **kw: (
+        calls.append(argv), subprocess.CompletedProcess(argv, *((1, "", no_wheels("numpy")) if len(calls) == 1
+                                                               else (0, "numpy==1.22.2\n", ""))))[1])
+    assert len(calls) == 2 and "--no-binary=numpy" in calls[1] and "--exclude-newer-package=numpy" not in " ".join(calls[1])

@@ -239,23 +239,37 @@ def _stamp(date: datetime) -> str:
     return date.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+NO_WHEEL = re.compile(r"Wheels are required for `([A-Za-z0-9._-]+)`")
+# How long after a Python's first release its compiled dependencies are looked for wheels for it.
+WHEELS_AFTER = timedelta(days=90)
+
+
 def resolve_as_of(requirements: Sequence[str], python: str, date: datetime, timeout: float = 300,
                   run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[str]:
     """``requirements`` pinned (``name==version``) to the releases uv finds published before
     ``date`` for ``python``; raises :class:`ResolveError` with uv's reason.
 
-    A requirement none of whose releases before ``date`` exists any longer (or whose declared range
-    begins later) is taken at the first release that fits, as uv's hint names it, rather than
-    failing the recipe; :data:`REPUBLISHED` ones are exempt from the date from the start."""
+    Wheels only, at first: a commit older than ``python`` gets releases that had no wheel for it
+    (xarray of 2019 on 3.9: numpy 1.17 and pandas 0.25, compiled for many minutes in the build, if
+    they compile at all). A package with no wheel is then taken as of :data:`WHEELS_AFTER` past
+    ``python``'s release (the releases that first had wheels for it), else built from its sdist as
+    of ``date`` (old pure-Python projects published sdists only). A requirement none of whose
+    releases before ``date`` exists any longer (or whose declared range begins later) is taken at
+    the first release that fits, as uv's hint names it; :data:`REPUBLISHED` ones are exempt from
+    the date from the start."""
     uv = uv_executable()
     if uv is None:
         raise ResolveError("uv is not installed")
     options, environ = uv_options(pip_settings())
     exempt = {name: _stamp(datetime.now(timezone.utc)) for name in REPUBLISHED}
-    for _ in range(4):
+    built: list[str] = []
+    released = PYTHON_RELEASES.get(python)
+    wheels_from = datetime.fromisoformat(released).replace(tzinfo=timezone.utc) + WHEELS_AFTER if released else None
+    for _ in range(12):
         argv = [uv, "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", "--python-version", python,
-                "--exclude-newer", _stamp(date), *options,
-                *(f"--exclude-newer-package={name}={when}" for name, when in exempt.items())]
+                "--exclude-newer", _stamp(date), *options, "--only-binary", ":all:",
+                *(f"--exclude-newer-package={name}={when}" for name, when in exempt.items()),
+                *(f"--no-binary={name}" for name in built)]
         try:
             proc = run(argv, input="\n".join(requirements) + "\n", capture_output=True, text=True,
                        timeout=timeout, env={**os.environ, **environ, "UV_PYTHON_DOWNLOADS": "never"})
@@ -263,7 +277,15 @@ def resolve_as_of(requirements: Sequence[str], python: str, date: datetime, time
             raise ResolveError(f"uv pip compile took over {timeout:.0f}s") from None
         if proc.returncode == 0:
             return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-        hidden = FILTERED.search(proc.stderr)
+        wheel, hidden = NO_WHEEL.search(proc.stderr), FILTERED.search(proc.stderr)
+        if wheel is not None and wheel.group(1) not in built:
+            name = wheel.group(1)
+            if wheels_from is not None and wheels_from > date and name not in exempt:
+                exempt[name] = _stamp(wheels_from)
+            else:
+                exempt.pop(name, None)
+                built.append(name)
+            continue
         if hidden is None or hidden.group(1) in exempt:
             break
         try:  # a minute past its upload, which the cutoff excludes
