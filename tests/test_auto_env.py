@@ -333,3 +333,45 @@ def test_a_commit_older_than_its_python_gets_the_first_wheels_for_it_else_builds
         calls.append(argv), subprocess.CompletedProcess(argv, *((1, "", no_wheels("numpy")) if len(calls) == 1
                                                                else (0, "numpy==1.22.2\n", ""))))[1])
     assert len(calls) == 2 and "--no-binary=numpy" in calls[1] and "--exclude-newer-package=numpy" not in " ".join(calls[1])
+
+
+def test_an_extra_built_from_others_in_setup_py_is_read_and_tried_before_another_python(tmp_path):
+    """marshmallow 2.20's conftest imports simplejson, which only its `dev` extra brings, and that
+    extra is set after the dict: EXTRAS_REQUIRE['dev'] = EXTRAS_REQUIRE['reco'] + ... ."""
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS, "setup.py": (
+        "from setuptools import setup\n"
+        "EXTRAS_REQUIRE = {'reco': ['simplejson'], 'tests': ['pytest', 'pytz'], 'lint': ['flake8']}\n"
+        "EXTRAS_REQUIRE['dev'] = (EXTRAS_REQUIRE['reco'] + EXTRAS_REQUIRE['tests'] + EXTRAS_REQUIRE['lint']\n"
+        "                         + ['tox'])\n"
+        "setup(name='tinylib', extras_require=EXTRAS_REQUIRE)\n")})
+    with files_at(repo, sha) as files:
+        assert auto_env._extras(files)["dev"] == ["simplejson", "pytest", "pytz", "flake8", "tox"]
+        recipes = auto_env.candidate_recipes(files, resolver=None, pythons=("3.9", "3.11"),
+                                             as_of=datetime(2019, 8, 10, tzinfo=timezone.utc))
+    names = [r.name for r in recipes]
+    assert names[:2] == ["declared (python 3.9)", "extra dev (python 3.9)"], names  # not 3.11 first
+    assert recipes[1].environment.install == ["python -m pip install -e '.[dev]'"]
+    assert names[-1] == "declared (python 3.11)"
+
+
+def test_setup_py_subscripts_cannot_recurse_forever():
+    from gym_envs.making.repo_setup import setup_py_keywords
+
+    text = "E = {'a': ['x']}\nE['b'] = E['b'] + E['a']\nE['a'] = E['b']\nfrom setuptools import setup\n" \
+           "setup(extras_require=E, install_requires=['y'])\n"
+    assert setup_py_keywords(text)["install_requires"] == ["y"]  # the unreadable extras are left out, no hang
+
+
+def test_what_must_collect_is_the_listed_files_or_where_a_new_one_goes(tmp_path):
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS, "test/rules/std_test.py": "def test_a():\n    pass\n",
+                        "plugins/dbt/test/templater_test.py": "def test_b():\n    pass\n"})
+    with files_at(repo, sha) as files:
+        def tests(*ids):
+            return auto_env.task_tests(task_for(repo, sha, list(ids)), files)
+
+        assert tests("test/rules/std_new_test.py::test_x") == ["test/rules"]  # added by the test patch
+        assert tests("tests/test_add.py::test_add", "test/rules/std_new_test.py::test_x") == \
+            ["tests/test_add.py", "test/rules"]
+        assert tests("test_new.py::test_x") == []  # at the top: the whole suite

@@ -409,11 +409,10 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
                                   EnvironmentConfig(python=python, packages=wanted, install=steps),
                                   recipe_notes, resolve))
 
-    for python in order:
-        for dated in (True, False):  # the releases of the commit's time first: collecting is not passing
-            add("declared", python, list(base_env.packages), install, notes, dated)
-    editable = [prefix + "python -m pip install -e ."] if install else []
     first = order[0]
+    for dated in (True, False):  # the releases of the commit's time first: collecting is not passing
+        add("declared", first, list(base_env.packages), install, notes, dated)
+    editable = [prefix + "python -m pip install -e ."] if install else []
     for name, source_extra, reqs in requirement_sources(files, extra):
         steps = [prefix + f"python -m pip install -e {shlex.quote(f'.[{source_extra}]')}"] if source_extra and install \
             else editable
@@ -423,6 +422,11 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
         for dated in (True, False):
             add(name, first, packages, steps, [f"packages: from {name}"], dated,
                 _extras(files).get(source_extra, []) if source_extra else [])
+    # Every declaration on the Python of the commit's time before another Python: over 25 SWE-bench
+    # rows the other Python never won, and marshmallow-1343 needed the `dev` extra, recipe 5 of 6.
+    for python in order[1:]:
+        for dated in (True, False):
+            add("declared", python, list(base_env.packages), install, notes, dated)
     seen: set[str] = set()
     unique = []
     for recipe in recipes:
@@ -506,9 +510,18 @@ def choose_environment(task: Task, recipes: Sequence[Recipe], factory: Callable[
 
 
 def task_tests(task: Task, files: RepoFiles) -> list[str]:
-    """The task's listed test files that exist at its base commit (a FAIL_TO_PASS file its test
-    patch adds does not): what must collect."""
-    return [p for p in files_of([*task.FAIL_TO_PASS, *task.PASS_TO_PASS]) if files.exists(p)]
+    """What must collect: the task's listed test files that exist at its base commit, and for one
+    its test patch adds, the nearest directory of it that exists (none when that is the top; the
+    whole suite when nothing is left). sqlfluff's suite as a whole does not collect (its dbt
+    plugin's ``test`` package shadows the top one) while ``test/rules/``, where the new file of
+    sqlfluff-2419 goes, does."""
+    found: list[str] = []
+    for path in files_of([*task.FAIL_TO_PASS, *task.PASS_TO_PASS]):
+        while path and not files.exists(path) and not files.has_dir(path):
+            path = posixpath.dirname(path)
+        if path:
+            found.append(path)
+    return list(dict.fromkeys(found))
 
 
 def auto_environment(task: Task, factory: Callable[[Task], object], *, pythons: Sequence[str] = FALLBACK_PYTHONS,
