@@ -365,11 +365,12 @@ def _merge(first: Sequence[str], rest: Sequence[str]) -> list[str]:
 def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: Sequence[str] = FALLBACK_PYTHONS,
                       as_of: datetime | None = None, resolver: Callable[..., list[str]] | None = resolve_as_of,
                       limit: int = 8) -> list[Recipe]:
-    """The recipes to try, best first: what :func:`~.repo_setup.detect_setup` detects resolved as of
-    the commit (``as_of``, with ``resolver``; None: no such twins), then as declared, on the Python of
-    the commit's time (:func:`era_python`), then on the others of ``pythons`` its python_requires
-    allows; then the other declarations of test requirements (extras, requirement files, tox, nox,
-    CI). ``version`` (a row's ``version``) stands in for the
+    """The recipes to try, best first, on the Python of the commit's time (:func:`era_python`):
+    what :func:`~.repo_setup.detect_setup` detects resolved as of the commit (``as_of``, with
+    ``resolver``; None: no such twins), then as declared; then the other declarations of test
+    requirements (extras, requirement files, tox, nox, CI), each as of the commit then as declared;
+    last, the first two on the others of ``pythons`` its python_requires allows. ``version`` (a
+    row's ``version``) stands in for the
     git tags a project that takes its version from them (setuptools_scm) would read."""
     detection = rs.detect_setup(files)
     constraint = _constraint(files)
