@@ -226,3 +226,152 @@ def test_the_python_of_the_commits_time_is_tried_first():
     assert auto_env.era_python(["3.11", "3.9"], datetime(2024, 1, 1, tzinfo=timezone.utc)) == "3.11"
     assert auto_env.era_python(["3.11", "3.9"], datetime(2015, 1, 1, tzinfo=timezone.utc)) == "3.9"  # the nearest
     assert auto_env.era_python(["3.11"], None) is None
+
+
+def test_a_development_requirement_uv_cannot_resolve_is_left_out_but_a_runtime_one_is_not(tmp_path):
+    """sqlfluff's requirements_dev.txt names types-pkg_resources, every release of which is yanked:
+    the whole recipe failed, as of the commit and as declared, for a type stub no test imports."""
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS, "setup.py": "from setuptools import setup\n"
+                                                    "setup(name='tinylib', install_requires=['click>=7'])\n",
+                        "requirements_dev.txt": "pytest\nhypothesis\ntypes-pkg_resources\n"})
+    yanked = ("error: No solution found when resolving dependencies: cause: Because types-pkg-resources<=0.1.2 "
+              "was yanked (reason: Use types-setuptools instead) and only the following versions of "
+              "types-pkg-resources are available: types-pkg-resources<=0.1.2")
+    asked = []
+
+    def resolver(requirements, python, date):
+        asked.append(list(requirements))
+        names = [r.split(">")[0].split("=")[0] for r in requirements]
+        if "types-pkg_resources" in names:
+            raise auto_env.ResolveError(yanked)
+        if "click" in names and python == "3.11":
+            raise auto_env.ResolveError("error: No solution found: cause: Because there are no versions of click>=7 "
+                                        "and you require click>=7, we can conclude that your requirements are unsatisfiable.")
+        return [f"{n}==1.0" for n in names]
+
+    when = datetime(2021, 10, 13, tzinfo=timezone.utc)
+    with files_at(repo, sha) as files:
+        recipes = auto_env.candidate_recipes(files, as_of=when, resolver=resolver, pythons=("3.9", "3.11"))
+    first = recipes[0]
+    assert first.name.startswith("declared as of 2021-10-13 (python 3.9)")
+    environment = first.resolve()
+    assert environment.packages == ["click==1.0", "pytest==1.0", "hypothesis==1.0"]
+    assert len(asked) == 2 and "types-pkg_resources" in asked[0]
+    assert any("left out types-pkg-resources" in n for n in first.notes)
+    # a requirement of the project itself is never left out: the resolution fails, said as uv said it
+    on_311 = next(r for r in recipes if r.resolve and "python 3.11" in r.name)
+    with pytest.raises(auto_env.ResolveError, match="no versions of click"):
+        on_311.resolve()
+
+
+def test_resolving_as_of_a_date_takes_a_release_the_date_hides_when_none_before_it_is_left():
+    """atomicwrites' releases before 2022-07 were deleted from PyPI: as of 2019, uv backtracked to
+    pytest 3.5.1 (the last without it) for marshmallow, or found no solution for pytest 4.x."""
+    import subprocess
+
+    calls = []
+    hint = ("error: No solution found when resolving dependencies\n  cause: Because there are no versions of "
+            "atomicwrites and pytest>=4.0.0 depends on atomicwrites>=1.0, we can conclude ...\n\nhint: "
+            "`pluggy` was filtered by `exclude-newer` to only include packages uploaded before "
+            "2019-08-20T09:44:59Z. The latest version satisfying the requirement is v0.13.0, published at "
+            "2019-09-01T10:00:00.123Z.\n")
+
+    def run(argv, **_):
+        calls.append(argv)
+        if len(calls) == 1:
+            return subprocess.CompletedProcess(argv, 1, "", "warning: no managed Python\n" + hint)
+        return subprocess.CompletedProcess(argv, 0, "# header\npluggy==0.13.0\npytest==4.6.5\n", "")
+
+    when = datetime(2019, 8, 20, 9, 44, 59, tzinfo=timezone.utc)
+    pins = auto_env.resolve_as_of(["pytest==4.6.5"], "3.9", when, run=run)
+    assert pins == ["pluggy==0.13.0", "pytest==4.6.5"]
+    assert "--exclude-newer" in calls[0] and "2019-08-20T09:44:59Z" in calls[0]
+    assert any(a.startswith("--exclude-newer-package=atomicwrites=") for a in calls[0])  # from the start
+    assert "--exclude-newer-package=pluggy=2019-09-01T10:01:00Z" in calls[1]
+
+    def never(argv, **_):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "warning: no managed Python\n" + hint)
+
+    calls.clear()
+    with pytest.raises(auto_env.ResolveError, match="No solution found") as failed:
+        auto_env.resolve_as_of(["pytest==4.6.5"], "3.9", when, run=never)
+    assert len(calls) == 2 and "warning" not in str(failed.value)  # tried once more, then uv's reason
+
+
+def test_a_commit_older_than_its_python_gets_the_first_wheels_for_it_else_builds_the_sdist():
+    """xarray of 2019 on Python 3.9: numpy 1.17 and pandas 0.25 have no cp39 wheel, and the build
+    compiled them for many minutes; the releases that first had wheels for 3.9 are taken instead,
+    and a project that never published a wheel (old pure-Python ones) is still built from source."""
+    import subprocess
+
+    def no_wheels(name):
+        return (f"error: No solution found when resolving dependencies\n  cause: Because {name}>=1.14.0 has no "
+                f"usable wheels and you require {name}>=1.14, we can conclude ...\n\nhint: Wheels are required "
+                f"for `{name}` because building from source is disabled for all packages (i.e., with `--no-build`)\n")
+
+    calls = []
+
+    def run(argv, **_):
+        calls.append(argv)
+        if len(calls) <= 2:  # numpy: none as of the commit, none 90 days after 3.9 either (say)
+            return subprocess.CompletedProcess(argv, 1, "", no_wheels("numpy"))
+        return subprocess.CompletedProcess(argv, 0, "numpy==1.17.2\n", "")
+
+    when = datetime(2019, 10, 12, tzinfo=timezone.utc)
+    assert auto_env.resolve_as_of(["numpy>=1.14"], "3.9", when, run=run) == ["numpy==1.17.2"]
+    first, second, third = (" ".join(a) for a in calls)
+    assert "--only-binary :all:" in first and "numpy" not in first.replace("numpy>=", "")
+    assert "--exclude-newer-package=numpy=2021-01-03T00:00:00Z" in second  # 3.9's release + 90 days
+    assert "--no-binary=numpy" in third and "--exclude-newer-package=numpy" not in third
+
+    # a commit newer than its Python's first wheels: built from source as of the commit at once
+    calls.clear()
+    later = datetime(2022, 3, 1, tzinfo=timezone.utc)
+    auto_env.resolve_as_of(["numpy>=1.14"], "3.9", later, run=lambda argv, **kw: (
+        calls.append(argv), subprocess.CompletedProcess(argv, *((1, "", no_wheels("numpy")) if len(calls) == 1
+                                                               else (0, "numpy==1.22.2\n", ""))))[1])
+    assert len(calls) == 2 and "--no-binary=numpy" in calls[1] and "--exclude-newer-package=numpy" not in " ".join(calls[1])
+
+
+def test_an_extra_built_from_others_in_setup_py_is_read_and_tried_before_another_python(tmp_path):
+    """marshmallow 2.20's conftest imports simplejson, which only its `dev` extra brings, and that
+    extra is set after the dict: EXTRAS_REQUIRE['dev'] = EXTRAS_REQUIRE['reco'] + ... ."""
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS, "setup.py": (
+        "from setuptools import setup\n"
+        "EXTRAS_REQUIRE = {'reco': ['simplejson'], 'tests': ['pytest', 'pytz'], 'lint': ['flake8']}\n"
+        "EXTRAS_REQUIRE['dev'] = (EXTRAS_REQUIRE['reco'] + EXTRAS_REQUIRE['tests'] + EXTRAS_REQUIRE['lint']\n"
+        "                         + ['tox'])\n"
+        "setup(name='tinylib', extras_require=EXTRAS_REQUIRE)\n")})
+    with files_at(repo, sha) as files:
+        assert auto_env._extras(files)["dev"] == ["simplejson", "pytest", "pytz", "flake8", "tox"]
+        recipes = auto_env.candidate_recipes(files, resolver=None, pythons=("3.9", "3.11"),
+                                             as_of=datetime(2019, 8, 10, tzinfo=timezone.utc))
+    names = [r.name for r in recipes]
+    assert names[:2] == ["declared (python 3.9)", "extra dev (python 3.9)"], names  # not 3.11 first
+    assert recipes[1].environment.install == ["python -m pip install -e '.[dev]'"]
+    assert names[-1] == "declared (python 3.11)"
+
+
+def test_setup_py_subscripts_cannot_recurse_forever():
+    from gym_envs.making.repo_setup import setup_py_keywords
+
+    text = "E = {'a': ['x']}\nE['b'] = E['b'] + E['a']\nE['a'] = E['b']\nfrom setuptools import setup\n" \
+           "setup(extras_require=E, install_requires=['y'])\n"
+    assert setup_py_keywords(text)["install_requires"] == ["y"]  # the unreadable extras are left out, no hang
+
+
+def test_what_must_collect_is_the_listed_files_or_where_a_new_one_goes(tmp_path):
+    repo = tmp_path / "repo"
+    sha = commit(repo, {**LIB, **TESTS, "test/rules/std_test.py": "def test_a():\n    pass\n",
+                        "plugins/dbt/test/templater_test.py": "def test_b():\n    pass\n"})
+    with files_at(repo, sha) as files:
+        def tests(*ids):
+            return auto_env.task_tests(task_for(repo, sha, list(ids)), files)
+
+        assert tests("test/rules/std_new_test.py::test_x") == ["test/rules"]  # added by the test patch
+        assert tests("tests/test_add.py::test_add", "test/rules/std_new_test.py::test_x") == \
+            ["tests/test_add.py", "test/rules"]
+        assert tests("test_new.py::test_x") == []  # at the top: the whole suite

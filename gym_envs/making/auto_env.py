@@ -27,9 +27,9 @@ import re
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from git import Repo
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -225,25 +225,104 @@ def requirement_sources(files: RepoFiles, chosen_extra: str | None) -> list[tupl
 # Resolving as of a date
 
 
-def resolve_as_of(requirements: Sequence[str], python: str, date: datetime, timeout: float = 300) -> list[str]:
+# Projects whose releases of the time were deleted from PyPI, only a later one left: with the date's
+# cutoff uv backtracks silently to releases that predate the dependency (atomicwrites, required by
+# pytest 3.6-5.x: as of 2019 uv picked pytest 3.5.1 for marshmallow, whose grading then fails), so
+# they are exempt from it.
+REPUBLISHED = ("atomicwrites",)
+# uv's hint when the cutoff hid every release a requirement accepts: the name and the first fitting
+# release's upload time.
+FILTERED = re.compile(r"`([A-Za-z0-9._-]+)` was filtered by `exclude-newer`.*?published at (\S+?)\.?(?:\s|$)", re.S)
+
+
+def _stamp(date: datetime) -> str:
+    return date.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+NO_WHEEL = re.compile(r"Wheels are required for `([A-Za-z0-9._-]+)`")
+# How long after a Python's first release its compiled dependencies are looked for wheels for it.
+WHEELS_AFTER = timedelta(days=90)
+
+
+def resolve_as_of(requirements: Sequence[str], python: str, date: datetime, timeout: float = 300,
+                  run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[str]:
     """``requirements`` pinned (``name==version``) to the releases uv finds published before
-    ``date`` for ``python``; raises :class:`ResolveError` with uv's reason."""
+    ``date`` for ``python``; raises :class:`ResolveError` with uv's reason.
+
+    Wheels only, at first: a commit older than ``python`` gets releases that had no wheel for it
+    (xarray of 2019 on 3.9: numpy 1.17 and pandas 0.25, compiled for many minutes in the build, if
+    they compile at all). A package with no wheel is then taken as of :data:`WHEELS_AFTER` past
+    ``python``'s release (the releases that first had wheels for it), else built from its sdist as
+    of ``date`` (old pure-Python projects published sdists only). A requirement none of whose
+    releases before ``date`` exists any longer (or whose declared range begins later) is taken at
+    the first release that fits, as uv's hint names it; :data:`REPUBLISHED` ones are exempt from
+    the date from the start."""
     uv = uv_executable()
     if uv is None:
         raise ResolveError("uv is not installed")
     options, environ = uv_options(pip_settings())
-    stamp = date.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    argv = [uv, "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", "--python-version", python,
-            "--exclude-newer", stamp, *options]
-    try:
-        proc = subprocess.run(argv, input="\n".join(requirements) + "\n", capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **environ, "UV_PYTHON_DOWNLOADS": "never"})
-    except subprocess.TimeoutExpired:
-        raise ResolveError(f"uv pip compile took over {timeout:.0f}s") from None
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        raise ResolveError(" ".join(lines[:3])[:300] or f"uv pip compile exited {proc.returncode}")
-    return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    exempt = {name: _stamp(datetime.now(timezone.utc)) for name in REPUBLISHED}
+    built: list[str] = []
+    released = PYTHON_RELEASES.get(python)
+    wheels_from = datetime.fromisoformat(released).replace(tzinfo=timezone.utc) + WHEELS_AFTER if released else None
+    for _ in range(12):
+        argv = [uv, "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", "--python-version", python,
+                "--exclude-newer", _stamp(date), *options, "--only-binary", ":all:",
+                *(f"--exclude-newer-package={name}={when}" for name, when in exempt.items()),
+                *(f"--no-binary={name}" for name in built)]
+        try:
+            proc = run(argv, input="\n".join(requirements) + "\n", capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, **environ, "UV_PYTHON_DOWNLOADS": "never"})
+        except subprocess.TimeoutExpired:
+            raise ResolveError(f"uv pip compile took over {timeout:.0f}s") from None
+        if proc.returncode == 0:
+            return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        wheel, hidden = NO_WHEEL.search(proc.stderr), FILTERED.search(proc.stderr)
+        if wheel is not None and wheel.group(1) not in built:
+            name = wheel.group(1)
+            if wheels_from is not None and wheels_from > date and name not in exempt:
+                exempt[name] = _stamp(wheels_from)
+            else:
+                exempt.pop(name, None)
+                built.append(name)
+            continue
+        if hidden is None or hidden.group(1) in exempt:
+            break
+        try:  # a minute past its upload, which the cutoff excludes
+            exempt[hidden.group(1)] = _stamp(datetime.fromisoformat(hidden.group(2)) + timedelta(minutes=1))
+        except ValueError:
+            break
+    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip() and not ln.lstrip().startswith("warning:")]
+    raise ResolveError(" ".join(lines[:3])[:300] or f"uv pip compile exited {proc.returncode}")
+
+
+# uv's words for a requirement none of whose releases can be had (all yanked, none published, none
+# for the date or the Python), followed by the name in question.
+UNAVAILABLE = re.compile(r"(?:there (?:are|is) no versions of|only the following versions of|Because|and)\s+"
+                         r"([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def resolve_leaving_out(requirements: Sequence[str], python: str, date: datetime, optional: Collection[str],
+                        resolver: Callable[..., list[str]], notes: list[str], tries: int = 3) -> list[str]:
+    """``resolver``'s pins, leaving out (at most ``tries`` times, each said in ``notes``) a
+    requirement of ``optional`` (canonical names) that uv names as the cause of no solution.
+
+    Development requirement files carry tooling the tests never import, and one of them with every
+    release yanked (sqlfluff's ``types-pkg_resources``, replaced by types-setuptools) sinks the
+    whole recipe, resolved as of any date or installed as declared. Only test and development
+    requirements are ``optional``: a runtime requirement left out would make an environment that
+    collects but is not the project's."""
+    wanted = list(requirements)
+    for _ in range(tries):
+        try:
+            return resolver(wanted, python, date)
+        except ResolveError as exc:
+            cause = next((n for n in (rs._req_name(m) for m in UNAVAILABLE.findall(str(exc))) if n in optional), None)
+            if cause is None:
+                raise
+            wanted = [r for r in wanted if rs._req_name(r) != cause]
+            notes.append(f"packages: left out {cause}, which uv could not resolve ({str(exc)[:160]})")
+    return resolver(wanted, python, date)
 
 
 def commit_date(files: RepoFiles) -> datetime:
@@ -286,11 +365,12 @@ def _merge(first: Sequence[str], rest: Sequence[str]) -> list[str]:
 def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: Sequence[str] = FALLBACK_PYTHONS,
                       as_of: datetime | None = None, resolver: Callable[..., list[str]] | None = resolve_as_of,
                       limit: int = 8) -> list[Recipe]:
-    """The recipes to try, best first: what :func:`~.repo_setup.detect_setup` detects resolved as of
-    the commit (``as_of``, with ``resolver``; None: no such twins), then as declared, on the Python of
-    the commit's time (:func:`era_python`), then on the others of ``pythons`` its python_requires
-    allows; then the other declarations of test requirements (extras, requirement files, tox, nox,
-    CI). ``version`` (a row's ``version``) stands in for the
+    """The recipes to try, best first, on the Python of the commit's time (:func:`era_python`):
+    what :func:`~.repo_setup.detect_setup` detects resolved as of the commit (``as_of``, with
+    ``resolver``; None: no such twins), then as declared; then the other declarations of test
+    requirements (extras, requirement files, tox, nox, CI), each as of the commit then as declared;
+    last, the first two on the others of ``pythons`` its python_requires allows. ``version`` (a
+    row's ``version``) stands in for the
     git tags a project that takes its version from them (setuptools_scm) would read."""
     detection = rs.detect_setup(files)
     constraint = _constraint(files)
@@ -317,21 +397,23 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
                                   EnvironmentConfig(python=python, packages=packages, install=steps), why))
         elif as_of is not None and resolver is not None:
             wanted = [*runtime, *extra_deps, *(re.sub(r"^pytest==[\d.]+$", "pytest", p) for p in packages)]
+            required = {rs._req_name(r) for r in runtime} | {"pytest"}
+            optional = {n for n in map(rs._req_name, [*extra_deps, *packages]) if n and n not in required}
+            recipe_notes = [*why, f"packages: resolved by uv as released before {as_of.isoformat()}"]
 
-            def resolve(wanted: list[str] = wanted, python: str = python,
-                        steps: list[str] = steps) -> EnvironmentConfig:
-                return EnvironmentConfig(python=python, packages=resolver(wanted, python, as_of), install=steps)
+            def resolve(wanted: list[str] = wanted, python: str = python, steps: list[str] = steps,
+                        optional: set[str] = optional, recipe_notes: list[str] = recipe_notes) -> EnvironmentConfig:
+                pins = resolve_leaving_out(wanted, python, as_of, optional, resolver, recipe_notes)
+                return EnvironmentConfig(python=python, packages=pins, install=steps)
 
             recipes.append(Recipe(f"{name} as of {as_of.date()} (python {python})",
                                   EnvironmentConfig(python=python, packages=wanted, install=steps),
-                                  [*why, f"packages: resolved by uv as released before {as_of.isoformat()}"],
-                                  resolve))
+                                  recipe_notes, resolve))
 
-    for python in order:
-        for dated in (True, False):  # the releases of the commit's time first: collecting is not passing
-            add("declared", python, list(base_env.packages), install, notes, dated)
-    editable = [prefix + "python -m pip install -e ."] if install else []
     first = order[0]
+    for dated in (True, False):  # the releases of the commit's time first: collecting is not passing
+        add("declared", first, list(base_env.packages), install, notes, dated)
+    editable = [prefix + "python -m pip install -e ."] if install else []
     for name, source_extra, reqs in requirement_sources(files, extra):
         steps = [prefix + f"python -m pip install -e {shlex.quote(f'.[{source_extra}]')}"] if source_extra and install \
             else editable
@@ -341,6 +423,11 @@ def candidate_recipes(files: RepoFiles, *, version: str | None = None, pythons: 
         for dated in (True, False):
             add(name, first, packages, steps, [f"packages: from {name}"], dated,
                 _extras(files).get(source_extra, []) if source_extra else [])
+    # Every declaration on the Python of the commit's time before another Python: over 25 SWE-bench
+    # rows the other Python never won, and marshmallow-1343 needed the `dev` extra, recipe 5 of 6.
+    for python in order[1:]:
+        for dated in (True, False):
+            add("declared", python, list(base_env.packages), install, notes, dated)
     seen: set[str] = set()
     unique = []
     for recipe in recipes:
@@ -424,9 +511,18 @@ def choose_environment(task: Task, recipes: Sequence[Recipe], factory: Callable[
 
 
 def task_tests(task: Task, files: RepoFiles) -> list[str]:
-    """The task's listed test files that exist at its base commit (a FAIL_TO_PASS file its test
-    patch adds does not): what must collect."""
-    return [p for p in files_of([*task.FAIL_TO_PASS, *task.PASS_TO_PASS]) if files.exists(p)]
+    """What must collect: the task's listed test files that exist at its base commit, and for one
+    its test patch adds, the nearest directory of it that exists (none when that is the top; the
+    whole suite when nothing is left). sqlfluff's suite as a whole does not collect (its dbt
+    plugin's ``test`` package shadows the top one) while ``test/rules/``, where the new file of
+    sqlfluff-2419 goes, does."""
+    found: list[str] = []
+    for path in files_of([*task.FAIL_TO_PASS, *task.PASS_TO_PASS]):
+        while path and not files.exists(path) and not files.has_dir(path):
+            path = posixpath.dirname(path)
+        if path:
+            found.append(path)
+    return list(dict.fromkeys(found))
 
 
 def auto_environment(task: Task, factory: Callable[[Task], object], *, pythons: Sequence[str] = FALLBACK_PYTHONS,

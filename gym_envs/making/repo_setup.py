@@ -104,19 +104,33 @@ def _ini(files: RepoFiles, path: str, notes: list[str]) -> configparser.ConfigPa
     return parser
 
 
-def _literal(node: ast.expr, names: dict[str, ast.expr], depth: int = 0) -> Any:
-    """A literal value of setup.py, following module-level names (``extras_require=EXTRAS``)."""
-    if depth > 5:
+def _literal(node: ast.expr, names: dict[str, ast.expr], depth: int = 0,
+             items: dict[str, list[tuple[ast.expr, ast.expr]]] | None = None) -> Any:
+    """A literal value of setup.py, following module-level names (``extras_require=EXTRAS``), the
+    keys set on them afterwards (``EXTRAS["dev"] = EXTRAS["tests"] + ["tox"]``, in ``items``) and
+    subscripts of them."""
+    if depth > 8:
         raise ValueError("too deep")
+    items = items or {}
     if isinstance(node, ast.Name) and node.id in names:
-        return _literal(names[node.id], names, depth + 1)
+        value = _literal(names[node.id], names, depth + 1, items)
+        if isinstance(value, dict) and items.get(node.id):
+            rest = {k: v for k, v in items.items() if k != node.id}
+            for key, item in items[node.id]:  # in order, each seeing the dict as it stands
+                current = {**names, node.id: ast.Constant(dict(value))}
+                value[_literal(key, current, depth + 1, rest)] = _literal(item, current, depth + 1, rest)
+        return value
+    if isinstance(node, ast.Subscript):
+        return _literal(node.value, names, depth + 1, items)[_literal(node.slice, names, depth + 1, items)]
     if isinstance(node, ast.Dict):
-        return {_literal(k, names, depth + 1): _literal(v, names, depth + 1)
+        return {_literal(k, names, depth + 1, items): _literal(v, names, depth + 1, items)
                 for k, v in zip(node.keys, node.values, strict=True) if k is not None}
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(e, names, depth + 1) for e in node.elts]
+        return [_literal(e, names, depth + 1, items) for e in node.elts]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _literal(node.left, names, depth + 1) + _literal(node.right, names, depth + 1)
+        return _literal(node.left, names, depth + 1, items) + _literal(node.right, names, depth + 1, items)
+    if isinstance(node, ast.Constant):
+        return node.value
     return ast.literal_eval(node)
 
 
@@ -128,9 +142,14 @@ def setup_py_keywords(text: str) -> dict[str, Any]:
     except (SyntaxError, ValueError):
         return {}
     names: dict[str, ast.expr] = {}
+    items: dict[str, list[tuple[ast.expr, ast.expr]]] = {}
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             names[stmt.targets[0].id] = stmt.value
+            items.pop(stmt.targets[0].id, None)
+        elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Subscript)
+              and isinstance(stmt.targets[0].value, ast.Name)):
+            items.setdefault(stmt.targets[0].value.id, []).append((stmt.targets[0].slice, stmt.value))
     found: dict[str, Any] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -142,7 +161,7 @@ def setup_py_keywords(text: str) -> dict[str, Any]:
         for kw in node.keywords:
             if kw.arg in ("python_requires", "extras_require", "tests_require", "install_requires"):
                 try:
-                    found[kw.arg] = _literal(kw.value, names)
+                    found[kw.arg] = _literal(kw.value, names, items=items)
                 except (ValueError, TypeError, SyntaxError, KeyError):
                     pass
     return found
