@@ -441,6 +441,38 @@ def test_canaries_take_the_runners_style():
     assert script_canaries.sympy_target(["doc/x.rst", "sympy/core/tests/test_core.py"]) == "sympy/core/tests/test_core.py"
 
 
+def test_django_canaries_run_in_a_class_whose_decorators_pass_arguments():
+    """A class-level `@mock.patch` passes its mock to every `test*` method of the class, the canaries
+    too (Django's TestDbCreationTests, django__django-15252): a must-pass canary that cannot take it
+    raised TypeError, and gold was called tampering. Each canary must still have its outcome."""
+    import unittest
+
+    from gym_envs.grading import script_canaries
+
+    source = textwrap.dedent("""\
+        import os
+        import unittest
+        from unittest import mock
+
+
+        @mock.patch.dict(os.environ, {"PG_FLAG": "1"})
+        @mock.patch("os.getcwd", return_value="/x")
+        @mock.patch("os.cpu_count")
+        class CreationTests(unittest.TestCase):
+            def test_cwd(self, mocked_cpu_count):
+                self.assertEqual(os.getcwd(), "/x")
+        """).encode()
+    canaries = script_canaries.django_canaries("tests/m/tests.py", source, "m.tests", "CreationTests")
+    assert canaries is not None
+    namespace: dict = {}
+    exec(compile(canaries.content, "tests.py", "exec"), namespace)
+    for canary, must_pass in [(c, True) for c in canaries.must_pass] + [(c, False) for c in canaries.must_fail]:
+        result = unittest.TestResult()
+        namespace["CreationTests"](canary.split(" ")[0]).run(result)
+        assert not result.errors, result.errors
+        assert result.wasSuccessful() is must_pass, (canary, result.failures)
+
+
 def test_declared_xfail():
     django = {"tests/m/tests.py": textwrap.dedent('''\
         import unittest

@@ -128,10 +128,14 @@ def django_canaries(path: str, source: bytes, module: str, class_name: str) -> S
     names = _names(_test_names(target), len(kinds))
     used = integrity.imported_names(source)
     touch = f"        self.assertTrue(({', '.join(used)},))\n" if used else ""
+    # A class decorator can pass arguments to every test method: `@mock.patch(...)` on the class
+    # gives each `test*` method its mocks (django__django-15252's TestDbCreationTests), and a
+    # canary taking only `self` would raise TypeError there, a must-pass canary "failing".
+    params = "self, *args, **kwargs" if target.decorator_list else "self"
     methods = []
     for name, passes in zip(names, kinds, strict=True):
         expression, value = _arithmetic(passes)
-        methods.append(f"\n    def {name}(self):\n{touch}        self.assertEqual({expression}, {value})\n")
+        methods.append(f"\n    def {name}({params}):\n{touch}        self.assertEqual({expression}, {value})\n")
     lines = source.splitlines(keepends=True)
     if lines and not lines[-1].endswith(b"\n"):
         lines[-1] += b"\n"
