@@ -108,6 +108,22 @@ def test_raised_and_skipped_or_failed_is_honest():
     assert record.rewritten == []
 
 
+def test_pytest_3s_instance_node_in_an_id_is_the_test_junit_names():
+    """pytest < 4.0 reports a method as ``m.py::C::()::test_x``, junit and SWE-bench as
+    ``m.py::C::test_x``: an honest run under pytest 3.5 (marshmallow-1359 as an automatic recipe
+    first chose it) was called tampering, "the runner saw it missing"."""
+    record = integrity.parse_record(_records(
+        *({"nodeid": "t.py::C::()::a", "when": when, "outcome": "passed"} for when in ("setup", "call", "teardown")),
+        {"nodeid": "t.py::C::()::b", "when": "call", "outcome": "failed"}))
+    assert record.statuses == {"t.py::C::a": TestStatus.PASSED, "t.py::C::b": TestStatus.FAILED}
+    junit = {"t.py::C::a": TestStatus.PASSED, "t.py::C::b": TestStatus.FAILED}
+    assert integrity.check_run(exit_code=1, output="", junit=junit, record=record, reporter=True,
+                               requested=list(junit), canaries=None) is None
+    twice = integrity.parse_record(_records({"nodeid": "t.py::C::()::a", "when": "call", "outcome": "failed"},
+                                            {"nodeid": "t.py::C::a", "when": "call", "outcome": "passed"}))
+    assert twice.reported_twice == ["t.py::C::a"]
+
+
 TRICKY_TESTS = '''\
 import unittest
 

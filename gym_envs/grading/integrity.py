@@ -359,7 +359,7 @@ def parse_record(text: str) -> RunRecord:
         if kind == "start":
             record.started = True
         elif kind == "report":
-            nodeid, when, outcome = event["nodeid"], event["when"], event["outcome"]
+            nodeid, when, outcome = pytest_id(event["nodeid"]), event["when"], event["outcome"]
             if outcome == "rerun":
                 continue
             if (nodeid, when) in seen:
@@ -390,6 +390,14 @@ def parse_record(text: str) -> RunRecord:
             python = event.get("python")
             record.python = python if isinstance(python, str) else None
     return record
+
+
+def pytest_id(nodeid: str) -> str:
+    """A reporter's node id as junit and SWE-bench name the test: pytest before 4.0 put an
+    ``Instance`` node between a class and its methods (``m.py::C::()::test_x``), which its junit
+    XML and ``-rA`` summary never show. Two records that differ only by it are one test reported
+    twice."""
+    return nodeid.replace("::()", "")
 
 
 def status_exit_code(status: int | None) -> int | None:
