@@ -178,35 +178,23 @@ def read_installed_bytecode(dirs, workspace):
     directories) read their bytecode cache beside the source whatever ``sys.pycache_prefix`` says;
     a source under ``workspace`` never does, even inside one of ``dirs`` (a venv in the tree).
 
-    Where the import system asks for a module's cache path (``cache_from_source``, looked up in
-    its own module by ``SourceLoader.get_code``), a path under :data:`NO_BYTECODE` for such a
-    source becomes the one it would have without a prefix. ``importlib.util.cache_from_source``
-    (pytest's assertion rewriter and others) is a separate binding and is left alone."""
-    import _frozen_importlib_external as external
-
+    Such a source's cache path under :data:`NO_BYTECODE` becomes the one it would have without a
+    prefix (:func:`_redirect_cache_paths`; pytest's assertion rewriter keeps its own)."""
     workspace = os.path.realpath(workspace) + os.sep
     roots = tuple(d.rstrip(os.sep) + os.sep for d in dirs if d)
-    original = external.cache_from_source
-    verdicts = {}
+    prefix = NO_BYTECODE + os.sep
 
-    def readable(source):
-        head = os.path.dirname(source)
-        verdict = verdicts.get(head)
-        if verdict is None:
-            real = os.path.realpath(head) + os.sep
-            verdict = verdicts[head] = ((head + os.sep).startswith(roots) and real.startswith(roots)
-                                        and not real.startswith(workspace))
-        return verdict
+    def readable(head):
+        real = os.path.realpath(head) + os.sep
+        return (head + os.sep).startswith(roots) and real.startswith(roots) and not real.startswith(workspace)
 
-    def cache_from_source(path, debug_override=None, *, optimization=None):
-        cached = original(path, debug_override, optimization=optimization)
-        prefix = NO_BYTECODE + os.sep
-        if not cached.startswith(prefix) or not readable(os.path.abspath(os.fspath(path))):
+    def beside_source(cached):
+        if not cached.startswith(prefix):
             return cached
         head, name = os.path.split(os.sep + cached[len(prefix):])
         return os.path.join(head, "__pycache__", name)
 
-    external.cache_from_source = cache_from_source
+    _redirect_cache_paths(readable, beside_source)
 
 
 def no_workspace_bytecode(workspace):
@@ -215,27 +203,31 @@ def no_workspace_bytecode(workspace):
     test writes during the run, stamped with its source's mtime and size, would stand in for a
     test-support module or a test module imported later).
 
-    The import system's cache path of such a source (``cache_from_source``, looked up in its own
-    module by ``SourceLoader.get_code``) becomes one under :data:`NO_BYTECODE`, where nothing can
-    exist; pytest's assertion rewriter is handled by :func:`rewriter_reads_no_bytecode`."""
+    Such a source's cache path becomes one under :data:`NO_BYTECODE`, where nothing can exist
+    (:func:`_redirect_cache_paths`); pytest's assertion rewriter is handled by
+    :func:`rewriter_reads_no_bytecode`."""
+    root = os.path.realpath(workspace) + os.sep
+    _redirect_cache_paths(lambda head: (os.path.realpath(head) + os.sep).startswith(root),
+                          lambda cached: NO_BYTECODE + os.sep + cached.lstrip(os.sep))
+
+
+def _redirect_cache_paths(applies, redirect):
+    """Replace the import system's ``cache_from_source`` (looked up in its own module by
+    ``SourceLoader.get_code``; ``importlib.util.cache_from_source`` is a separate binding, left
+    alone): the cache path of a source whose directory ``applies`` (asked once per directory, a
+    ``realpath`` each) becomes ``redirect(path)``."""
     import _frozen_importlib_external as external
 
-    root = os.path.realpath(workspace) + os.sep
     original = external.cache_from_source
     verdicts = {}
 
-    def inside(source):
-        head = os.path.dirname(source)
-        verdict = verdicts.get(head)
-        if verdict is None:
-            verdict = verdicts[head] = (os.path.realpath(head) + os.sep).startswith(root)
-        return verdict
-
     def cache_from_source(path, debug_override=None, *, optimization=None):
         cached = original(path, debug_override, optimization=optimization)
-        if inside(os.path.abspath(os.fspath(path))):
-            return NO_BYTECODE + os.sep + cached.lstrip(os.sep)
-        return cached
+        head = os.path.dirname(os.path.abspath(os.fspath(path)))
+        verdict = verdicts.get(head)
+        if verdict is None:
+            verdict = verdicts[head] = applies(head)
+        return redirect(cached) if verdict else cached
 
     external.cache_from_source = cache_from_source
 
