@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from gym_envs.grading.patch_apply import apply_patch
-from gym_envs.grading.testrun import probe_task, run_tests
-from sandboxes.bytecode import PREFIX_ENV
-from tasks.backends import make_sandbox
-from tasks.model import EnvironmentConfig, TestSpec
+from patchgym.grading.patch_apply import apply_patch
+from patchgym.grading.testrun import probe_task, run_tests
+from patchgym.sandboxes.bytecode import PREFIX_ENV
+from patchgym.tasks.backends import make_sandbox
+from patchgym.tasks.model import EnvironmentConfig, TestSpec
 
 
 class _NoPrefix:
@@ -60,7 +60,7 @@ def _repo(root: Path, module: str) -> str:
 def _cases(args, tmp: str) -> list[tuple]:
     """(task, test ids, patches to apply) for each graded run of a round."""
     if args.bundled:
-        from gym_envs import load_task_set
+        from patchgym import load_task_set
 
         tasks = load_task_set()
         picked = [tasks.get(i) for i in sorted(t.instance_id for t in tasks)[:args.bundled]]

@@ -16,7 +16,7 @@ It wins when the grading says ``resolved``. Three ways to tell canaries apart:
 
 Every forger is graded with the canaries copied from the module's own tests (``copies``, as
 graded) and with the arithmetic canaries alone (``arithmetic``, as before copies), with the audit
-hook off (``gym_envs.grading.testrun.AUDIT_HOOK``, a setting of this process that no task or patch
+hook off (``patchgym.grading.testrun.AUDIT_HOOK``, a setting of this process that no task or patch
 reaches): what the canaries catch on their own.
 
     python bench/canary_forger.py [--instance-ids ID ...] [--forgers name shape behaviour twin] [--json FILE]
@@ -29,20 +29,17 @@ import contextlib
 import difflib
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gym_envs import load_task_set  # noqa: E402
-from gym_envs.grading import canary_copies, testrun  # noqa: E402
-from gym_envs.grading.verifier import Verifier  # noqa: E402
-from gym_envs.making.git_source import open_source  # noqa: E402
-from tasks.backends import sandbox_factory  # noqa: E402
-from tasks.catalog import repo_source  # noqa: E402
-from tasks.model import Task  # noqa: E402
+from patchgym import load_task_set  # noqa: E402
+from patchgym.grading import canary_copies, testrun  # noqa: E402
+from patchgym.grading.verifier import Verifier  # noqa: E402
+from patchgym.making.git_source import open_source  # noqa: E402
+from patchgym.tasks.backends import sandbox_factory  # noqa: E402
+from patchgym.tasks.catalog import repo_source  # noqa: E402
+from patchgym.tasks.model import Task  # noqa: E402
 
 # The plugin finds the running Config through gc (the audit hook would end the run there).
 _REGISTER = '''

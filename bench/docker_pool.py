@@ -34,15 +34,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym  # noqa: E402
 
-import gym_envs  # noqa: E402,F401  (registers the environments)
-from gym_envs import load_task_set  # noqa: E402
-from sandboxes.docker import docker_client  # noqa: E402
-from sandboxes.docker import pool as pools  # noqa: E402
-from sandboxes.docker.client import owner_id  # noqa: E402
+import patchgym.gym_envs  # noqa: E402,F401  (registers the environments)
+from patchgym import load_task_set  # noqa: E402
+from patchgym.sandboxes.docker import docker_client  # noqa: E402
+from patchgym.sandboxes.docker import pool as pools  # noqa: E402
+from patchgym.sandboxes.docker.client import owner_id  # noqa: E402
 
 
 class CreatedContainers:
@@ -104,7 +103,7 @@ def episodes(ids: list[str], pool: int, think: float, created: CreatedContainers
 
 
 def evaluation(ids: list[str], pool: int, workers: int, out: Path, created: CreatedContainers) -> dict[str, float]:
-    argv = [sys.executable, "-m", "cli", "eval", "--predictions", "gold", "--backend", "docker",
+    argv = [sys.executable, "-m", "patchgym.cli", "eval", "--predictions", "gold", "--backend", "docker",
             "--workers", str(workers), "--force", "--output", str(out), "--instance-ids", ",".join(ids)]
     begin = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PATCHGYM_DOCKER_POOL": str(pool)},

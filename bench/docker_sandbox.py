@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_sandbox import print_results, summary  # noqa: E402  (also puts the repository on sys.path)
 
-from gym_envs import load_task_set  # noqa: E402
-from sandboxes.docker import DockerSandbox, WarmPool  # noqa: E402
-from sandboxes.limits import ResourceLimits  # noqa: E402
-from tasks.backends import sandbox_spec  # noqa: E402
+from patchgym import load_task_set  # noqa: E402
+from patchgym.sandboxes.docker import DockerSandbox, WarmPool  # noqa: E402
+from patchgym.sandboxes.limits import ResourceLimits  # noqa: E402
+from patchgym.tasks.backends import sandbox_spec  # noqa: E402
 
 # mini-swe-agent's side, run by --mswea-python: one JSON request per line, one JSON answer per line.
 PEER = r"""

@@ -4,10 +4,10 @@ The run directory is ``tests/test_run_html.py``'s synthetic run (``--tasks`` epi
 tool calls, 1.5 kB per tool output). Each round renders it with every renderer once, the order
 rotating round by round, so a loaded moment hits all alike; medians over the rounds:
 
-* ``jinja`` — ``gym_envs.rollouts.html_report.render_report`` (templates, the cyclic GC paused);
+* ``jinja`` — ``patchgym.rollouts.html_report.render_report`` (templates, the cyclic GC paused);
 * ``jinja_gc_on`` — the same with the cyclic GC left running (what pausing it saves);
 * ``baseline`` — ``render_report`` of another module file, e.g. the string-concatenation renderer
-  before the templates: ``git show 2b7920d:gym_envs/rollouts/html_report.py > old_report.py``.
+  before the templates: ``git show 2b7920d:rollouts/html_report.py > old_report.py``.
 
     python bench/html_report.py [--tasks 500] [--steps 50] [--rounds 3] [--baseline FILE] [--json FILE]
 """
@@ -27,12 +27,11 @@ from pathlib import Path
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from test_run_html import synthetic_run  # noqa: E402
 
-from gym_envs.rollouts.html_report import render_report  # noqa: E402
+from patchgym.rollouts.html_report import render_report  # noqa: E402
 
 
 def _gc_left_on(run_dir: Path) -> str:

@@ -21,10 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gym_envs import Verifier, load_task_set  # noqa: E402
-from tasks.backends import make_sandbox  # noqa: E402
+from patchgym import Verifier, load_task_set  # noqa: E402
+from patchgym.tasks.backends import make_sandbox  # noqa: E402
 
 
 def timed(fn, repeat: int) -> list[float]:

@@ -23,9 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests import nemo_gym_real as ng  # noqa: E402
 from tests.nemo_gym_root import RELEASES  # noqa: E402

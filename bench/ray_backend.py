@@ -52,11 +52,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gym_envs.grading.verifier import Verifier  # noqa: E402
-from tasks.backends import make_sandbox, sandbox_factory  # noqa: E402
-from tasks.catalog import load_task_set  # noqa: E402
+from patchgym.grading.verifier import Verifier  # noqa: E402
+from patchgym.tasks.backends import make_sandbox, sandbox_factory  # noqa: E402
+from patchgym.tasks.catalog import load_task_set  # noqa: E402
 from tests.ray_cluster.helpers import build_environments, interfaces  # noqa: E402
 
 CGROUPS = Path("/sys/fs/cgroup")

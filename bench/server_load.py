@@ -56,11 +56,10 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from gym_envs.envs.repo_env import RepoEnv  # noqa: E402
-from sandboxes.paths import cache_dir  # noqa: E402
-from tasks.catalog import TaskSet, load_task_set  # noqa: E402
+from patchgym.gym_envs.repo_env import RepoEnv  # noqa: E402
+from patchgym.sandboxes.paths import cache_dir  # noqa: E402
+from patchgym.tasks.catalog import TaskSet, load_task_set  # noqa: E402
 
 # Cheap, read-mostly commands an agent runs while exploring, plus one edit (so the submit has a
 # diff to apply). Session i starts at command i, so at any moment the sessions run a mix.
@@ -281,7 +280,7 @@ def free_port() -> int:
 def server_process(max_sessions: int, tasks: str | None, log_path: Path) -> Iterator[tuple[str, int]]:
     """``patchgym serve`` in its own process group; yields (url, pid); SIGTERM then SIGKILL on exit."""
     port = free_port()
-    cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "patchgym.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--max-sessions", str(max_sessions)]
     if tasks:
         cmd += ["--tasks", tasks]

@@ -14,7 +14,7 @@ every round, so drift hits all alike), one uncounted warm-up round first:
   harness's own start-up: imports, flags, the task catalog, predictions, reaping leftovers) and to
   its return (the first sandbox ready for a command, environment cached). The child is patchgym's
   console script with an import hook that wraps the functions of the eval's path as their modules
-  load (``PHASES``: the same figure phase by phase) and ``tasks.backends.make_sandbox``; it closes
+  load (``PHASES``: the same figure phase by phase) and ``patchgym.tasks.backends.make_sandbox``; it closes
   that sandbox and exits, so grading is not in the figure.
 
 Times are wall-clock from just before the parent spawns the child (``time.monotonic`` is one clock
@@ -52,8 +52,9 @@ import functools, importlib.util, json, os, sys, time
 from importlib.abc import MetaPathFinder
 
 moments = [("child", time.monotonic())]
-WATCH = {"cli.common": ("load_selection", "make_verifier", "reap"), "tasks.predictions": ("load_predictions",),
-         "gym_envs.grading.evaluation": ("evaluate",), "tasks.backends": ("make_sandbox",)}
+WATCH = {"patchgym.cli.common": ("load_selection", "make_verifier", "reap"),
+         "patchgym.tasks.predictions": ("load_predictions",),
+         "patchgym.grading.evaluation": ("evaluate",), "patchgym.tasks.backends": ("make_sandbox",)}
 
 def timed(name, fn):
     @functools.wraps(fn)
@@ -94,9 +95,9 @@ class Hook(MetaPathFinder):
 sys.meta_path.insert(0, Hook())
 sys.argv = ["patchgym", *sys.argv[1:]]
 try:
-    from cli import main
+    from patchgym.cli import main
 except ImportError:  # a checkout from before the command line moved to cli/
-    from gym_envs.cli import main
+    from patchgym.cli import main
 moments.append(("cli imported", time.monotonic()))
 sys.exit(main())
 """

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_sandbox import print_results, summary  # noqa: E402  (also puts the repository on sys.path)
 
-import gym_envs  # noqa: E402, F401  (registers the environments)
+import patchgym.gym_envs  # noqa: E402, F401  (registers the environments)
 
 BASH_TRUE = {"name": "bash", "arguments": {"command": "true"}}
 

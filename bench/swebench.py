@@ -26,22 +26,20 @@ import argparse
 import json
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from gym_envs.grading.patch_apply import apply_patch  # noqa: E402
-from gym_envs.grading.runners import build_command, changed_test_files, pytest_selectors  # noqa: E402
-from gym_envs.grading.testrun import run_tests  # noqa: E402
-from gym_envs.grading.verifier import InstanceReport, Verifier  # noqa: E402
-from sandboxes import SandboxError  # noqa: E402
-from tasks.backends import sandbox_factory  # noqa: E402
-from tasks.swebench_io import import_swebench  # noqa: E402
+from patchgym.grading.patch_apply import apply_patch  # noqa: E402
+from patchgym.grading.runners import build_command, changed_test_files, pytest_selectors  # noqa: E402
+from patchgym.grading.testrun import run_tests  # noqa: E402
+from patchgym.grading.verifier import InstanceReport, Verifier  # noqa: E402
+from patchgym.sandboxes import SandboxError  # noqa: E402
+from patchgym.tasks.backends import sandbox_factory  # noqa: E402
+from patchgym.tasks.swebench_io import import_swebench  # noqa: E402
 
 
 def explain(report: InstanceReport) -> str:

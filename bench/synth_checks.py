@@ -31,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gym_envs.making.registry import get_repo
-from gym_envs.making.synth import SynthOptions, synthesize
+from patchgym.making.registry import get_repo
+from patchgym.making.synth import SynthOptions, synthesize
 
 
 def run_once(repo: str, fast: bool, n: int, seed: int, workers: int, out_dir: Path) -> dict[str, object]:

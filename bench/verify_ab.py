@@ -20,8 +20,8 @@ import sys
 
 CHILD = r'''
 import json, sys, time
-import gym_envs
-from gym_envs import Verifier, load_task_set
+import patchgym
+from patchgym import Verifier, load_task_set
 ts = load_task_set()
 ids = sorted(t.instance_id for t in ts)[:int(sys.argv[1])]
 v = Verifier()
@@ -31,7 +31,7 @@ for i in ids:
     t = ts.get(i)
     s = time.perf_counter(); r = v.verify(t, t.patch); out[i] = time.perf_counter() - s
     assert r.resolved and not r.tampering_detected, (i, r.error, r.tampering_reason)
-print(json.dumps({"file": gym_envs.__file__, "times": out}))
+print(json.dumps({"file": patchgym.__file__, "times": out}))
 '''
 
 def main() -> None:

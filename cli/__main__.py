@@ -1,5 +1,5 @@
-"""``python -m cli``: the ``patchgym`` command."""
+"""``python -m patchgym.cli``: the ``patchgym`` command."""
 
-from cli.app import main
+from patchgym.cli.app import main
 
 main()

@@ -1,6 +1,6 @@
 """The ``patchgym`` command tree: every group and command is mounted here, from the module that
-holds its group (:mod:`cli.tasks`, :mod:`cli.repos`, :mod:`cli.evaluation`, :mod:`cli.serving`,
-:mod:`cli.images`), so this file is the whole command line at a glance."""
+holds its group (:mod:`patchgym.cli.tasks`, :mod:`patchgym.cli.repos`, :mod:`patchgym.cli.evaluation`,
+:mod:`patchgym.cli.serving`, :mod:`patchgym.cli.images`), so this file is the whole command line at a glance."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 
 import typer
 
-from cli import evaluation, images, repos, serving, tasks
-from cli.common import console
+from patchgym.cli import evaluation, images, repos, serving, tasks
+from patchgym.cli.common import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SWE-bench-style verifiable-reward environments.")

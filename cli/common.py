@@ -19,9 +19,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
-    from gym_envs.grading.cost import Prices
-    from gym_envs.grading.verifier import Verifier
-    from tasks.catalog import TaskSet
+    from patchgym.grading.cost import Prices
+    from patchgym.grading.verifier import Verifier
+    from patchgym.tasks.catalog import TaskSet
 
 #: The sandbox backends, for help texts: spelt here so that the command line (--help included) does
 #: not import the sandboxes and the task model to describe itself. tests/test_cli.py holds it equal
@@ -60,7 +60,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def prices(core_hour: float | None, gb_hour: float | None) -> Prices:
     """The prices the --price-* flags give (unset: the defaults; an impossible one is the user's error)."""
-    from gym_envs.grading.cost import Prices
+    from patchgym.grading.cost import Prices
 
     given = {k: v for k, v in (("core_hour", core_hour), ("gb_hour", gb_hour)) if v is not None}
     try:
@@ -76,8 +76,8 @@ def split_ids(ids: list[str] | None) -> list[str]:
 
 def load_selection(tasks: Path | None, ids: list[str] | None) -> tuple[TaskSet, TaskSet]:
     """The whole task set and the selected part of it (``ids`` repeated or comma-separated)."""
-    from tasks.catalog import UnknownTaskError, load_task_set
-    from tasks.model import TaskFileError
+    from patchgym.tasks.catalog import UnknownTaskError, load_task_set
+    from patchgym.tasks.model import TaskFileError
 
     try:
         task_set = load_task_set(tasks)
@@ -102,7 +102,7 @@ def backend_options(backend: str, isolation: str = "auto", ray_address: str | No
         if ray_address:
             fail("--ray-address needs --backend ray")
         return {"isolation": isolation} if backend == "local" else {}
-    from sandboxes.ray_cluster import RayUnavailableError, ensure_connected, require_capacity
+    from patchgym.sandboxes.ray_cluster import RayUnavailableError, ensure_connected, require_capacity
 
     if ray_sandbox not in ("local", "docker"):
         fail(f"--ray-sandbox must be local or docker, not {ray_sandbox!r}")
@@ -118,8 +118,8 @@ def backend_options(backend: str, isolation: str = "auto", ray_address: str | No
 def make_verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local",
              price: Prices | None = None) -> Verifier:
     """The grader the backend flags give, after removing what dead processes left behind."""
-    from gym_envs.grading.verifier import Verifier
-    from tasks.backends import sandbox_factory
+    from patchgym.grading.verifier import Verifier
+    from patchgym.tasks.backends import sandbox_factory
 
     options = backend_options(backend, isolation, ray_address, ray_sandbox)
     if "docker" in (backend, options.get("inner")) and "PATCHGYM_DOCKER_POOL" not in os.environ:
@@ -138,11 +138,11 @@ def reap(*, docker: bool, every_owner: bool = False, kept: list[str] | None = No
     """Remove what dead processes left: local sandboxes and cgroups, and patchgym's containers
     (with ``every_owner``, also those of live processes and of other hosts sharing the engine);
     ``kept`` receives the containers left, and why."""
-    from sandboxes import SandboxError, reap_stale
+    from patchgym.sandboxes import SandboxError, reap_stale
 
     removed = {"local": reap_stale(), "docker": 0}
     if docker:
-        from sandboxes.docker import gc_containers
+        from patchgym.sandboxes.docker import gc_containers
 
         try:
             removed["docker"] = len(gc_containers(include_live_owners=every_owner, other_hosts=every_owner,

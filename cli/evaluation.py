@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from cli.common import (
+from patchgym.cli.common import (
     BACKENDS,
     DEFAULT_WORKERS,
     BackendOpt,
@@ -36,7 +36,7 @@ from cli.common import (
 )
 
 if TYPE_CHECKING:
-    from gym_envs.grading.verifier import InstanceReport
+    from patchgym.grading.verifier import InstanceReport
 
 
 def eval_predictions(
@@ -55,9 +55,9 @@ def eval_predictions(
     price_gb_hour: PriceGbHourOpt = None,
 ) -> None:
     """Grade predictions and write SWE-bench-style reports, with what each instance's grading cost."""
-    from gym_envs.grading.evaluation import evaluate
-    from tasks.model import TaskFileError
-    from tasks.predictions import EMPTY, GOLD, load_predictions
+    from patchgym.grading.evaluation import evaluate
+    from patchgym.tasks.model import TaskFileError
+    from patchgym.tasks.predictions import EMPTY, GOLD, load_predictions
 
     everything, task_set = load_selection(tasks, instance_ids)
     try:
@@ -131,10 +131,10 @@ def run(
 ) -> None:
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
-    from gym_envs.rollouts.html_report import write_report
-    from gym_envs.rollouts.loop import TOOL_MODES
-    from gym_envs.rollouts.model import ModelConfig
-    from gym_envs.rollouts.run import RunDirError, RunOptions, run_model
+    from patchgym.rollouts.html_report import write_report
+    from patchgym.rollouts.loop import TOOL_MODES
+    from patchgym.rollouts.model import ModelConfig
+    from patchgym.rollouts.run import RunDirError, RunOptions, run_model
 
     if tool_mode not in TOOL_MODES:
         fail(f"--tool-mode must be one of {', '.join(TOOL_MODES)}")
@@ -185,7 +185,7 @@ def report(
     directory: Annotated[Path, typer.Argument(help="A run directory of `patchgym run`.")],
 ) -> None:
     """Write the run directory's self-contained HTML report (report.html)."""
-    from gym_envs.rollouts.html_report import write_report
+    from patchgym.rollouts.html_report import write_report
 
     try:
         path = write_report(directory)
@@ -202,7 +202,7 @@ def export_trajectories(
         "--all", help="Unresolved episodes too (masked ones never).")] = False,
 ) -> None:
     """Write episodes as SFT / rejection-sampling data: resolved ones unless --all."""
-    from gym_envs.rollouts.export import export_trajectories
+    from patchgym.rollouts.export import export_trajectories
 
     try:
         rows = list(export_trajectories(source, fmt, include_unresolved=all_episodes))

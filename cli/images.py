@@ -12,7 +12,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.common import DEBIAN_RELEASES, InstanceIdsOpt, TasksOpt, console, fail, load_selection, out, progress_bar, reap
+from patchgym.cli.common import (
+    DEBIAN_RELEASES,
+    InstanceIdsOpt,
+    TasksOpt,
+    console,
+    fail,
+    load_selection,
+    out,
+    progress_bar,
+    reap,
+)
 
 ReleaseOpt = Annotated[str | None, typer.Option(
     "--release", help=f"Debian release ({', '.join(DEBIAN_RELEASES)}, or any other debootstrap knows, with --mirror).")]
@@ -20,9 +30,9 @@ ReleaseOpt = Annotated[str | None, typer.Option(
 
 def _images():
     """The images module, once a Docker engine is known to be reachable."""
-    from sandboxes import SandboxError
-    from sandboxes.docker import images
-    from sandboxes.docker.client import docker_client
+    from patchgym.sandboxes import SandboxError
+    from patchgym.sandboxes.docker import images
+    from patchgym.sandboxes.docker.client import docker_client
 
     try:
         docker_client()
@@ -60,8 +70,8 @@ def bootstrap(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if the image exists.")] = False,
 ) -> None:
     """Build the base image patchgym/base:<release> with debootstrap from a Debian mirror (no registry)."""
-    from sandboxes import SandboxError
-    from sandboxes.docker.client import DEFAULT_RELEASE
+    from patchgym.sandboxes import SandboxError
+    from patchgym.sandboxes.docker.client import DEFAULT_RELEASE
 
     release = _release(release) or DEFAULT_RELEASE  # $PATCHGYM_DEBIAN_RELEASE or bookworm
     images = _images()
@@ -85,9 +95,9 @@ def build(
     release: ReleaseOpt = None,
 ) -> None:
     """Build the environment and instance images of every selected task (cached ones are reused)."""
-    from sandboxes import SandboxError
-    from tasks.backends import sandbox_spec
-    from tasks.model import TaskFileError
+    from patchgym.sandboxes import SandboxError
+    from patchgym.tasks.backends import sandbox_spec
+    from patchgym.tasks.model import TaskFileError
 
     release = _release(release)
     _, task_set = load_selection(tasks, instance_ids)
@@ -140,7 +150,7 @@ def python_archive(
 ) -> None:
     """Pack an installed CPython as a python-build-standalone install_only archive, for
     $PATCHGYM_PYTHON_ARCHIVES on hosts that cannot download Python (no Docker needed)."""
-    from sandboxes.python_archives import PackError, pack_installation
+    from patchgym.sandboxes.python_archives import PackError, pack_installation
 
     started = time.monotonic()
     try:
@@ -153,7 +163,7 @@ def python_archive(
 
 def list_images() -> None:
     """List the images patchgym made (base, environments, instances)."""
-    from sandboxes import SandboxError
+    from patchgym.sandboxes import SandboxError
 
     images = _images()
     try:
@@ -174,7 +184,7 @@ def prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would be removed.")] = False,
 ) -> None:
     """Remove patchgym's environment and instance images that no container uses."""
-    from sandboxes import SandboxError
+    from patchgym.sandboxes import SandboxError
 
     images = _images()
     kinds = ("instance", "env", "base") if all_kinds else ("instance", "env")
@@ -196,7 +206,7 @@ def gc(
     """Remove sandboxes, cgroups and containers whose owning process is gone (never anything
     without patchgym's label). Containers owned by other hosts sharing the Docker engine are left
     alone unless --all: this host cannot tell whether their owners still run."""
-    from sandboxes.docker import docker_available
+    from patchgym.sandboxes.docker import docker_available
 
     kept: list[str] = []
     removed = reap(docker=docker and docker_available(), every_owner=every_owner, kept=kept)

@@ -1,7 +1,7 @@
 """Repositories and the tasks made from them: ``patchgym repos add|list`` registers and lists the
 repositories, ``patchgym tasks mine`` and ``patchgym tasks synth`` make tasks from one (from its fix
 commits, or by injecting bugs). One file: the three share the registry and the way a repository's
-tests are run; :mod:`cli.app` mounts ``mine`` and ``synth`` in the ``tasks`` group.
+tests are run; :mod:`patchgym.cli.app` mounts ``mine`` and ``synth`` in the ``tasks`` group.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.common import (
+from patchgym.cli.common import (
     DEFAULT_WORKERS,
     BackendOpt,
     IsolationOpt,
@@ -54,13 +54,13 @@ def add(
 
     from rich.markup import escape
 
-    from gym_envs.grading.testrun import probe
-    from gym_envs.making import git_source
-    from gym_envs.making import repo_setup as rs
-    from gym_envs.making.registry import RepoRecord, list_repos, save_repo
-    from sandboxes import SandboxError
-    from tasks.backends import sandbox_factory
-    from tasks.model import TaskFileError, TestSpec
+    from patchgym.grading.testrun import probe
+    from patchgym.making import git_source
+    from patchgym.making import repo_setup as rs
+    from patchgym.making.registry import RepoRecord, list_repos, save_repo
+    from patchgym.sandboxes import SandboxError
+    from patchgym.tasks.backends import sandbox_factory
+    from patchgym.tasks.model import TaskFileError, TestSpec
 
     try:
         rs.validate_name(name)
@@ -135,7 +135,7 @@ def add(
 
 def list_repos() -> None:
     """List the repositories tasks can be made from: registered ones, then the bundled libraries."""
-    from gym_envs.making.registry import list_repos
+    from patchgym.making.registry import list_repos
 
     try:
         records = list_repos()
@@ -169,9 +169,9 @@ def mine(
     isolation: IsolationOpt = "auto",
 ) -> None:
     """Make tasks from a repository's history: each commit that changes source and tests, with
-    FAIL_TO_PASS/PASS_TO_PASS from running the tests before and after it (rules: gym_envs/making/mining.py)."""
-    from gym_envs.making.mining import Dropped, MiningError, load_issue_texts, mine
-    from gym_envs.making.registry import UnknownRepoError, get_repo
+    FAIL_TO_PASS/PASS_TO_PASS from running the tests before and after it (rules: making/mining.py)."""
+    from patchgym.making.mining import Dropped, MiningError, load_issue_texts, mine
+    from patchgym.making.registry import UnknownRepoError, get_repo
 
     try:
         record = get_repo(repo)
@@ -245,7 +245,7 @@ def synth(
     seed: Annotated[int, typer.Option("--seed", help="Same seed, same tasks.")] = 0,
     kinds: Annotated[list[str] | None, typer.Option(
         "--kinds",
-        help="Mutation kinds (repeat, or comma-separate; default: all). See gym_envs/making/synth/mutations.py.")
+        help="Mutation kinds (repeat, or comma-separate; default: all). See making/synth/mutations.py.")
     ] = None,
     rev: Annotated[str | None, typer.Option("--rev", help="Revision to inject bugs into (default: HEAD).")] = None,
     validate: Annotated[bool, typer.Option(
@@ -267,9 +267,9 @@ def synth(
     isolation: IsolationOpt = "auto",
 ) -> None:
     """Make tasks by injecting bugs (SWE-smith style): small AST mutations of functions the tests reach,
-    kept when they break tests, then validated (pipeline: gym_envs/making/synth/generate.py)."""
-    from gym_envs.making.registry import UnknownRepoError, get_repo
-    from gym_envs.making.synth import KINDS, Listener, SynthError, SynthOptions, synthesize
+    kept when they break tests, then validated (pipeline: making/synth/generate.py)."""
+    from patchgym.making.registry import UnknownRepoError, get_repo
+    from patchgym.making.synth import KINDS, Listener, SynthError, SynthOptions, synthesize
 
     wanted = [k for chunk in kinds or [] for k in chunk.replace(",", " ").split()] or list(KINDS)
     unknown = [k for k in wanted if k not in KINDS]

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import (
+from patchgym.cli.common import (
     BackendOpt,
     InstanceIdsOpt,
     PriceCoreHourOpt,
@@ -71,7 +71,7 @@ def serve(
               "its sandboxes; pass --token (or PATCHGYM_SERVER_TOKEN), or bind 127.0.0.1")
     import uvicorn
 
-    from server.app import create_app  # lazily: gym_envs knows nothing of HTTP
+    from patchgym.server.app import create_app  # lazily: the layers below know nothing of HTTP
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
                    "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour)}
@@ -118,7 +118,10 @@ def nemo_gym_init(
 ) -> None:
     """Write a NeMo Gym server directory for patchgym (entry point, dataset, config) that NeMo Gym
     accepts as it is; then start it from DIRECTORY with the commands it prints."""
-    from server.nemo_gym_setup import ServerDirOptions, write_server_dir  # lazily: gym_envs knows nothing of HTTP
+    from patchgym.server.nemo_gym.setup import (  # lazily: the layers below know nothing of HTTP
+        ServerDirOptions,
+        write_server_dir,
+    )
 
     task_set = load_tasks(tasks, instance_ids)
     serve_args = ["--backend", backend, "--max-sessions", str(max_sessions)]
@@ -151,7 +154,7 @@ def nemo_gym_dataset(
 ) -> None:
     """Write tasks as NeMo Gym dataset rows (prompt, tools, instance_id; never the answers), for a
     NeMo Gym agent whose resources server is `patchgym serve`."""
-    from server.nemo_gym_dataset import nemo_gym_dataset_rows  # lazily: gym_envs knows nothing of HTTP
+    from patchgym.server.nemo_gym.dataset import nemo_gym_dataset_rows  # lazily: the layers below know nothing of HTTP
 
     task_set = load_tasks(tasks, instance_ids)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """``patchgym tasks``: browse, validate, import and export task sets.
 
 The commands that make new tasks from a repository (``tasks mine``, ``tasks synth``) are in
-:mod:`cli.repos`, beside the repositories they read; :mod:`cli.app` mounts both in this group.
+:mod:`patchgym.cli.repos`, beside the repositories they read; :mod:`patchgym.cli.app` mounts both in this group.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from cli.common import (
+from patchgym.cli.common import (
     DEFAULT_WORKERS,
     BackendOpt,
     InstanceIdsOpt,
@@ -31,9 +31,9 @@ from cli.common import (
 )
 
 if TYPE_CHECKING:
-    from gym_envs.grading.verifier import Verifier
-    from gym_envs.making.validation import TaskValidation
-    from tasks.catalog import TaskSet
+    from patchgym.grading.verifier import Verifier
+    from patchgym.making.validation import TaskValidation
+    from patchgym.tasks.catalog import TaskSet
 
 
 WhereOpt = Annotated[list[str] | None, typer.Option(
@@ -45,7 +45,7 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --sample: the same
 
 
 def _filtered(task_set: TaskSet, where: list[str] | None, sample: int | None, seed: int) -> TaskSet:
-    from tasks.catalog import filter_tasks
+    from patchgym.tasks.catalog import filter_tasks
 
     try:
         return filter_tasks(task_set, where or (), sample, seed)
@@ -55,7 +55,7 @@ def _filtered(task_set: TaskSet, where: list[str] | None, sample: int | None, se
 
 def list_tasks(tasks: TasksOpt = None, where: WhereOpt = None, sample: SampleOpt = None, seed: SeedOpt = 0) -> None:
     """List the tasks of a task set, with what a curriculum filters on (--where, --sample)."""
-    from tasks.catalog import difficulty
+    from patchgym.tasks.catalog import difficulty
 
     task_set = _filtered(load_tasks(tasks), where, sample, seed)
     table = Table(title=f"{len(task_set)} tasks ({task_set.origin})")
@@ -90,7 +90,7 @@ def show(instance_id: str, tasks: TasksOpt = None,
 def validate_with_progress(task_set: TaskSet, verifier: Verifier, *, runs: int, workers: int,
                             failed_word: str) -> list[TaskValidation]:
     """``validate_tasks`` behind a progress bar counting the tasks that failed so far."""
-    from gym_envs.making.validation import validate_tasks
+    from patchgym.making.validation import validate_tasks
 
     with progress_bar() as progress:
         bar = progress.add_task("validating", total=len(task_set), status="")
@@ -172,9 +172,9 @@ def import_swebench(
     skips the built-in specs too)."""
     from rich.markup import escape
 
-    from tasks.catalog import TaskSet
-    from tasks.model import TaskFileError
-    from tasks.swebench_io import export_row, import_swebench, missing_commits, write_rows
+    from patchgym.tasks.catalog import TaskSet
+    from patchgym.tasks.model import TaskFileError
+    from patchgym.tasks.swebench_io import export_row, import_swebench, missing_commits, write_rows
 
     if selection not in ("files", "ids"):
         fail(f"--selection: expected 'files' or 'ids', got {selection!r}", code=2)
@@ -230,14 +230,14 @@ def import_swebench(
 
 def _auto_environments(tasks: list, backend: str, isolation: str, limit: int, selection: str,
                        report: Path | None) -> tuple[dict, dict[str, str]]:
-    """Each task with the environment of the first recipe whose tests collect (gym_envs.making.auto_env),
+    """Each task with the environment of the first recipe whose tests collect (making.auto_env),
     or why none did; every choice is printed, and written to ``report`` when given."""
     from rich.markup import escape
 
-    from gym_envs.making import auto_env
-    from gym_envs.making.git_source import RepoSetupError
-    from tasks.backends import sandbox_factory
-    from tasks.model import TaskFileError
+    from patchgym.making import auto_env
+    from patchgym.making.git_source import RepoSetupError
+    from patchgym.tasks.backends import sandbox_factory
+    from patchgym.tasks.model import TaskFileError
 
     factory = sandbox_factory(backend, **({"isolation": isolation} if backend == "local" else {}))
     chosen: dict = {}
@@ -288,7 +288,7 @@ def export(
 ) -> None:
     """Write tasks as SWE-bench rows (an imported file exported with --swebench-only gives back the
     rows it was imported from)."""
-    from tasks.swebench_io import export_rows, row_format, write_rows
+    from patchgym.tasks.swebench_io import export_rows, row_format, write_rows
 
     if tests_encoding not in ("json", "list", "source"):
         fail(f"unknown --tests-encoding {tests_encoding!r}; use json, list or source")

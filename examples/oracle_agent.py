@@ -31,11 +31,11 @@ from pathlib import Path
 import gymnasium as gym
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import gym_envs  # noqa: E402  (importing registers the environments)
-import server  # noqa: E402  (registers patchgym/Remote-v0)
-from gym_envs.grading.patches import split_diff  # noqa: E402
+import patchgym
+import patchgym.gym_envs  # noqa: F401  (importing registers the environments)
+import patchgym.server  # noqa: F401  (registers patchgym/Remote-v0)
+from patchgym.grading.patches import split_diff
+from patchgym.server.client import RemoteEnvError
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 BEGIN = "<<<ORACLE-BOF>>>"
@@ -199,14 +199,14 @@ def remote_task_ids(url: str, token: str | None) -> list[str]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     response = httpx.get(f"{url.rstrip('/')}/v1/tasks", headers=headers, timeout=60)
     if response.status_code != 200:
-        raise server.RemoteEnvError(response.status_code, response.text[:500])
+        raise RemoteEnvError(response.status_code, response.text[:500])
     return [task["instance_id"] for task in response.json()]
 
 
 def choose_tasks(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(instance id, gold patch) of each task to run: the local catalog's, or with ``--url`` the
     server's ids with the local catalog's patches. Raises ValueError for an id nobody knows."""
-    task_set = gym_envs.load_task_set(args.tasks)
+    task_set = patchgym.load_task_set(args.tasks)
     wanted = args.instance_ids.split(",") if args.instance_ids else None
     if not args.url:
         return [(t.instance_id, t.patch) for t in task_set.select(wanted)]
@@ -233,8 +233,8 @@ def main() -> int:
     args = parser.parse_args()
     try:
         tasks = choose_tasks(args)
-    except (gym_envs.TaskFileError, gym_envs.UnknownTaskError, ValueError, httpx.HTTPError,
-            server.RemoteEnvError) as exc:
+    except (patchgym.TaskFileError, patchgym.UnknownTaskError, ValueError, httpx.HTTPError,
+            RemoteEnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -4,7 +4,7 @@
 environment spec, and runs commands there.
 """
 
-from .base import (
+from patchgym.sandboxes.base import (
     EnvironmentBuildError,
     ExecResult,
     PathOutsideWorkspaceError,
@@ -13,10 +13,10 @@ from .base import (
     SandboxError,
     WorkspaceError,
 )
-from .cleanup import reap_stale
-from .environments import EnvironmentSpec
-from .limits import ResourceLimits
-from .local import LocalSandbox, SandboxSpec
+from patchgym.sandboxes.cleanup import reap_stale
+from patchgym.sandboxes.environments import EnvironmentSpec
+from patchgym.sandboxes.limits import ResourceLimits
+from patchgym.sandboxes.local import LocalSandbox, SandboxSpec
 
 __all__ = [
     "EnvironmentBuildError", "EnvironmentSpec", "ExecResult", "LocalSandbox",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
-from .files import PathOutsideWorkspaceError
+from .files import PathOutsideWorkspaceError  # relative: copied into sandboxes as the package pgrt
 
 __all__ = ["ClosesItself", "EnvironmentBuildError", "ExecResult", "PathOutsideWorkspaceError", "Sandbox",
            "SandboxClosedError", "SandboxError", "SandboxUsage", "WorkspaceError", "usage_of"]

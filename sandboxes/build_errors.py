@@ -3,8 +3,8 @@
 A build log's tail is mostly noise: pip prints a long ``ERROR: Ignored the following versions that
 require a different python version: ...`` before the two lines that matter (``Could not find a
 version that satisfies the requirement X`` / ``No matching distribution found for X``); uv puts
-its reason after ``×`` and ``╰─▶``. Both backends' builds (:mod:`sandboxes.environments`,
-:mod:`sandboxes.docker.images`) describe a failed step with :func:`step_failed`, from that step's
+its reason after ``×`` and ``╰─▶``. Both backends' builds (:mod:`patchgym.sandboxes.environments`,
+:mod:`patchgym.sandboxes.docker.images`) describe a failed step with :func:`step_failed`, from that step's
 own output only (a build log holds every step before it too).
 """
 

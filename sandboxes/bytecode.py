@@ -6,7 +6,7 @@ Pointing it at nothing (``/dev/null``) made every module imported after pytest c
 on every run: sympy's import went from 0.9 s to 7.4 s. Instead, each environment is built with a
 prefix directory holding checked-hash pycs (PEP 552) of the standard library, the environment's
 site-packages and the repository at the commit the environment was built from, compiled by
-:mod:`sandboxes.bytecode_compile` at the paths graded code imports them from. A checked-hash pyc is
+:mod:`patchgym.sandboxes.bytecode_compile` at the paths graded code imports them from. A checked-hash pyc is
 used only when its source's hash matches, so a source a patch changed is compiled afresh, and the
 directory is written only while the environment is built: the sandboxes mount it read-only (local)
 or have it in the image, root's, while commands run as uid 1000 (docker).
@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .lifetime import run_checked
+from patchgym.sandboxes.lifetime import run_checked
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Compile Python sources into a bytecode prefix directory, as checked-hash pycs (PEP 552).
 
 Run by the environment's own interpreter (its magic number and cache tag are the ones that count)
-when an environment is built (:mod:`sandboxes.bytecode`)::
+when an environment is built (:mod:`patchgym.sandboxes.bytecode`)::
 
     python -I bytecode_compile.py PREFIX [--stdlib] [--site] [SOURCE[=AS] ...]
 

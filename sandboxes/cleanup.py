@@ -6,11 +6,11 @@ leftovers, because the cgroup code uses those names."""
 
 from __future__ import annotations
 
-from sandboxes.environments import reap_attempts
-from sandboxes.limits import reap_stale_cgroups
-from sandboxes.mounts import remove_tree
-from sandboxes.paths import cache_dir
-from sandboxes.reaper import OWNED_DIRS, STAGING_DIRS, stale_children
+from patchgym.sandboxes.environments import reap_attempts
+from patchgym.sandboxes.limits import reap_stale_cgroups
+from patchgym.sandboxes.mounts import remove_tree
+from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.reaper import OWNED_DIRS, STAGING_DIRS, stale_children
 
 
 def reap_stale() -> int:

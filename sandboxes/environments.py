@@ -25,15 +25,15 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from . import python_archives
-from .base import EnvironmentBuildError
-from .build_errors import step_failed
-from .bytecode import PREFIX_NAME, build_prefix
-from .installer import installer_choice, uv_executable, uv_install_argv
-from .lifetime import run_checked
-from .locks import file_lock
-from .paths import cache_dir
-from .reaper import owned_name, staging_path
+from patchgym.sandboxes import python_archives
+from patchgym.sandboxes.base import EnvironmentBuildError
+from patchgym.sandboxes.build_errors import step_failed
+from patchgym.sandboxes.bytecode import PREFIX_NAME, build_prefix
+from patchgym.sandboxes.installer import installer_choice, uv_executable, uv_install_argv
+from patchgym.sandboxes.lifetime import run_checked
+from patchgym.sandboxes.locks import file_lock
+from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.reaper import owned_name, staging_path
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Interpreter:
 class BuiltEnvironment:
     """A ready venv. ``mounts`` are host paths a sandbox must expose read-only for it to run;
     ``masked`` are paths under them that it must hide; ``bytecode`` is the environment's read-only
-    bytecode prefix (:mod:`sandboxes.bytecode`; one of the mounts), None where it has none."""
+    bytecode prefix (:mod:`patchgym.sandboxes.bytecode`; one of the mounts), None where it has none."""
 
     key: str
     venv: Path
@@ -413,7 +413,7 @@ def reap_attempts() -> int:
 
 def install_packages(venv: Path, packages: tuple[str, ...], log_file: Path, *, cwd: Path,
                      env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> str:
-    """pip-install ``packages`` into ``venv``, with uv when it is there (:mod:`sandboxes.installer`),
+    """pip-install ``packages`` into ``venv``, with uv when it is there (:mod:`patchgym.sandboxes.installer`),
     falling back to pip if uv fails; return the installer that succeeded."""
     python = str(venv / "bin" / "python")
     choice = installer_choice()

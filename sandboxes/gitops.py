@@ -32,7 +32,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import SandboxError, WorkspaceError
+from .base import SandboxError, WorkspaceError  # relative: copied into sandboxes as the package pgrt
 
 DIFF_LIMIT = 256 << 20
 MAX_CHANGED_FILES = 100_000  # no patch of a repository touches more; each costs time whatever its size

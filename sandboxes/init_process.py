@@ -1,4 +1,4 @@
-"""The host's end of a local sandbox's init process (:mod:`sandboxes.sandbox_init`).
+"""The host's end of a local sandbox's init process (:mod:`patchgym.sandboxes.sandbox_init`).
 
 One long-lived process per sandbox holds its namespaces, mounts, cgroups and rlimits; each command
 is a JSON line to it and an answer back. This module starts it, talks to it with deadlines (a read
@@ -19,10 +19,10 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from .base import SandboxError
-from .lifetime import spawn
-from .paths import cache_dir
-from .reaper import staging_path
+from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.lifetime import spawn
+from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.reaper import staging_path
 
 RUNTIME_MODULES = ("base.py", "files.py", "output.py", "process.py")  # what sandbox_init imports as pgrt
 
@@ -160,7 +160,7 @@ def init_interpreter() -> tuple[str, Path, tuple[Path, ...]]:
     """The interpreter ``sandbox_init`` runs on: patchgym's own (its version is known, whatever
     Python the task uses), with its base installation, which sandboxes mount read-only, and its
     site directories, which they hide."""
-    from .environments import own_site_dirs
+    from patchgym.sandboxes.environments import own_site_dirs
 
     prefix = Path(os.path.realpath(sys.base_prefix))
     version = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -97,5 +97,5 @@ def uv_install_argv(uv: str, python: str, packages: list[str] | tuple[str, ...],
     environ = {**env, **extra, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
     # Bytecode as pip writes it: graded test runs read installed modules' caches but write none
     # (``-B``), so without it every grading compiled the installed packages it imports from source,
-    # under the repository's warning filters (gym_envs/grading/pytest_runtime/bootstrap.py).
+    # under the repository's warning filters (grading/pytest_runtime/bootstrap.py).
     return [uv, "pip", "install", "--python", python, "--compile-bytecode", *options, *packages], environ

@@ -73,9 +73,9 @@ def sandbox_etc() -> Path:
     Making it costs about a second (hundreds of CA symlinks): once per host state, not once per
     process, which matters where every sandbox is a new process (the ray backend's actors).
     """
-    from .locks import file_lock
-    from .paths import cache_dir
-    from .reaper import staging_path
+    from patchgym.sandboxes.locks import file_lock
+    from patchgym.sandboxes.paths import cache_dir
+    from patchgym.sandboxes.reaper import staging_path
 
     root = cache_dir("etc-shared")
     key = _etc_key()

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .process import is_dead_or_exiting
-from .reaper import owned_name, stale_children
+from patchgym.sandboxes.process import is_dead_or_exiting
+from patchgym.sandboxes.reaper import owned_name, stale_children
 
 log = logging.getLogger(__name__)
 

@@ -25,22 +25,28 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
-from .bytecode import PREFIX_ENV
-from .environments import BuiltEnvironment, EnvironmentSpec, ensure_environment, run_logged, venv_environ
-from .files import read_regular, resolve_in_workspace, write_regular
-from .gitops import Pristine, workspace_diff
-from .init_process import InitProcess, init_interpreter, runtime_dir
-from .install_inputs import install_inputs_digest, shareable_install
-from .isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
-from .lifetime import parent_checked
-from .limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
-from .mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
-from .output import DEFAULT_OUTPUT_LIMIT
-from .paths import cache_dir
-from .process import ProcessLimitWatch, run_capped
-from .reaper import owned_name
-from .repos import copy_checkout, git, pristine_checkout
+from patchgym.sandboxes.base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
+from patchgym.sandboxes.bytecode import PREFIX_ENV
+from patchgym.sandboxes.environments import (
+    BuiltEnvironment,
+    EnvironmentSpec,
+    ensure_environment,
+    run_logged,
+    venv_environ,
+)
+from patchgym.sandboxes.files import read_regular, resolve_in_workspace, write_regular
+from patchgym.sandboxes.gitops import Pristine, workspace_diff
+from patchgym.sandboxes.init_process import InitProcess, init_interpreter, runtime_dir
+from patchgym.sandboxes.install_inputs import install_inputs_digest, shareable_install
+from patchgym.sandboxes.isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
+from patchgym.sandboxes.lifetime import parent_checked
+from patchgym.sandboxes.limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
+from patchgym.sandboxes.mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
+from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT
+from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.process import ProcessLimitWatch, run_capped
+from patchgym.sandboxes.reaper import owned_name
+from patchgym.sandboxes.repos import copy_checkout, git, pristine_checkout
 
 log = logging.getLogger(__name__)
 

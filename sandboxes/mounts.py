@@ -126,8 +126,8 @@ def _probe() -> str | None:
         return "PATCHGYM_NO_QUOTA=1"
     if os.geteuid() != 0:
         return "mounting a tmpfs and an overlay needs root"
-    from .paths import cache_dir
-    from .reaper import owned_name
+    from patchgym.sandboxes.paths import cache_dir
+    from patchgym.sandboxes.reaper import owned_name
 
     probe = cache_dir("sandboxes") / owned_name(f"quota-probe-{os.urandom(4).hex()}")
     probe.mkdir()

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .base import ExecResult
+from .base import ExecResult  # relative: copied into sandboxes as the package pgrt
 from .output import CappedOutput
 
 KillTree = Callable[[subprocess.Popen], None]

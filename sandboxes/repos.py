@@ -15,12 +15,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .base import SandboxError
-from .gitops import EXCLUDES
-from .lifetime import run_checked
-from .locks import file_lock
-from .paths import cache_dir
-from .reaper import staging_path
+from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.gitops import EXCLUDES
+from patchgym.sandboxes.lifetime import run_checked
+from patchgym.sandboxes.locks import file_lock
+from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.reaper import staging_path
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 GIT_IDENTITY = {

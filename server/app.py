@@ -1,10 +1,10 @@
 """The HTTP API over patchgym's environments: sessions of ``RepoEnv``, a stateless verifier, the
 task catalog (public view only), health and Prometheus metrics; plus the NeMo Gym and OpenEnv
-protocols (:mod:`server.nemo_gym`, :mod:`server.openenv`) over the same sessions.
+protocols (:mod:`patchgym.server.nemo_gym.routes`, :mod:`patchgym.server.openenv`) over the same sessions.
 
-``gym_envs`` knows nothing of HTTP; this module only drives its public API through
-:class:`server.core.EnvService`. Blocking environment calls run in worker threads (see
-:mod:`server.sessions`), never on the event loop.
+Nothing below the server knows HTTP; this module only drives the environments through
+:class:`patchgym.server.core.EnvService`. Blocking environment calls run in worker threads (see
+:mod:`patchgym.server.sessions`), never on the event loop.
 """
 
 import asyncio
@@ -20,14 +20,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gym_envs.grading.labels import settle
-from gym_envs.rollouts.model import ModelConfig
-from gym_envs.rollouts.run import trajectory_line
-from sandboxes import SandboxError
-from tasks.catalog import TaskSet, UnknownTaskError, load_task_set
-
-from .core import EnvService, EpisodeOver
-from .models import (
+from patchgym.grading.labels import settle
+from patchgym.rollouts.model import ModelConfig
+from patchgym.rollouts.run import trajectory_line
+from patchgym.sandboxes import SandboxError
+from patchgym.server.core import EnvService, EpisodeOver
+from patchgym.server.models import (
     CreateSessionRequest,
     CreateSessionResponse,
     ErrorBody,
@@ -43,9 +41,10 @@ from .models import (
     VerifyRequest,
     VerifyResponse,
 )
-from .nemo_gym import nemo_gym_router
-from .openenv import openenv_router
-from .sessions import CapacityError, OperationTimeout, SessionBusy, SessionNotFound
+from patchgym.server.nemo_gym.routes import nemo_gym_router
+from patchgym.server.openenv import openenv_router
+from patchgym.server.sessions import CapacityError, OperationTimeout, SessionBusy, SessionNotFound
+from patchgym.tasks.catalog import TaskSet, UnknownTaskError, load_task_set
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``AsyncClient``: the native HTTP API for batched rollouts, with retries a trainer can rely on.
 
-    from server.async_client import AsyncClient, run_many
+    from patchgym.server.async_client import AsyncClient, run_many
 
     async with AsyncClient("http://127.0.0.1:8000", token=None, max_retries=8) as client:
         async def episode(task_id: str) -> float:
@@ -55,8 +55,8 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from .client import RemoteEnvError
-from .models import (
+from patchgym.server.client import RemoteEnvError
+from patchgym.server.models import (
     CreateSessionResponse,
     Health,
     ResetResponse,

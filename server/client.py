@@ -1,7 +1,7 @@
 """``RemoteEnv``: the ``RepoEnv`` API over HTTP, for trainers that run apart from the sandboxes.
 
     import gymnasium as gym
-    import server  # registers patchgym/Remote-v0
+    import patchgym.server  # registers patchgym/Remote-v0
 
     env = gym.make("patchgym/Remote-v0", url="http://127.0.0.1:8000", token=None)
     obs, info = env.reset(options={"task_id": "patchgym__semverkit-1"})
@@ -17,8 +17,8 @@ from typing import Any
 import gymnasium as gym
 import httpx
 
-from gym_envs.envs.common import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS
-from gym_envs.envs.spaces import UnicodeText
+from patchgym.gym_envs.common import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS
+from patchgym.gym_envs.spaces import UnicodeText
 
 
 class RemoteEnvError(RuntimeError):

@@ -1,6 +1,7 @@
 """What every HTTP protocol of the server shares: the task set, the sessions, the verifier, auth and
-metrics. The native API (:mod:`server.app`), the NeMo Gym routes (:mod:`server.nemo_gym`) and the
-OpenEnv routes (:mod:`server.openenv`) are thin translations over one :class:`EnvService`, so a
+metrics. The native API (:mod:`patchgym.server.app`), the NeMo Gym routes
+(:mod:`patchgym.server.nemo_gym.routes`) and the OpenEnv routes (:mod:`patchgym.server.openenv`) are thin
+translations over one :class:`EnvService`, so a
 limit, a deadline or a metric holds whichever protocol a client speaks.
 """
 
@@ -17,16 +18,22 @@ from fastapi import Depends, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gym_envs.envs.repo_env import RepoEnv
-from gym_envs.grading.cost import EpisodeCost, Prices
-from gym_envs.grading.verifier import InstanceReport, Verifier
-from gym_envs.rollouts.loop import Episode, run_episode
-from gym_envs.rollouts.model import ChatModel, ModelConfig
-from sandboxes import SandboxError, reap_stale
-from tasks.backends import sandbox_factory
-from tasks.catalog import TaskSet
-
-from .sessions import CLOSED_BY_CLIENT, CLOSED_BY_FAILURE, CLOSED_GRADED, OperationTimeout, Session, SessionManager
+from patchgym.grading.cost import EpisodeCost, Prices
+from patchgym.grading.verifier import InstanceReport, Verifier
+from patchgym.gym_envs.repo_env import RepoEnv
+from patchgym.rollouts.loop import Episode, run_episode
+from patchgym.rollouts.model import ChatModel, ModelConfig
+from patchgym.sandboxes import SandboxError, reap_stale
+from patchgym.server.sessions import (
+    CLOSED_BY_CLIENT,
+    CLOSED_BY_FAILURE,
+    CLOSED_GRADED,
+    OperationTimeout,
+    Session,
+    SessionManager,
+)
+from patchgym.tasks.backends import sandbox_factory
+from patchgym.tasks.catalog import TaskSet
 
 log = logging.getLogger(__name__)
 SUBMIT = {"name": "submit", "arguments": {}}
@@ -65,7 +72,7 @@ class Metrics:
         self.verifications = Counter("patchgym_verifications_total", "Stateless verifications.", registry=r)
         self.errors = Counter("patchgym_errors_total", "Requests answered with an error, by kind.", ["kind"],
                               registry=r)
-        # What finished episodes cost (gym_envs.grading.cost): sessions' terminal steps, rollouts and
+        # What finished episodes cost (grading.cost): sessions' terminal steps, rollouts and
         # stateless verifications. Means are the totals over patchgym_episodes_costed_total.
         prices = prices or Prices()
         Gauge("patchgym_price_core_hour_usd", "Dollars per core-hour the cost figures use.", registry=r).set(
@@ -255,7 +262,7 @@ class EnvService:
         def reap() -> dict[str, int]:
             removed = {"local": reap_stale(), "docker": 0}
             if self.backend == "docker":
-                from sandboxes.docker import gc_containers
+                from patchgym.sandboxes.docker import gc_containers
 
                 removed["docker"] = len(gc_containers())
             return removed
@@ -274,7 +281,7 @@ class EnvService:
 
     async def rollout(self, owner: str | None, task_id: str, model: ModelConfig, *, max_turns: int,
                       tool_mode: str, protocol: str = "native", **overrides: Any) -> Episode:
-        """A whole episode of ``model`` on ``task_id`` (:func:`gym_envs.rollouts.loop.run_episode`) in
+        """A whole episode of ``model`` on ``task_id`` (:func:`patchgym.rollouts.loop.run_episode`) in
         a session of its own: the same capacity bound (:class:`CapacityError`) and deadline
         (:class:`OperationTimeout`) as any session; closed at the end whatever happened."""
         self.task_set.get(task_id)  # UnknownTaskError -> 404 before a slot is taken

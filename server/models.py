@@ -68,7 +68,7 @@ class VerifyResponse(BaseModel):
     resolved: bool
     infrastructure_failure: bool = Field(description="Mask this sample rather than scoring it.")
     outcome: str | None = Field(None, description="How the grading ended: one label of "
-                                                  "gym_envs.grading.labels (docs/swebench.md).")
+                                                  "grading.labels (docs/swebench.md).")
     outcome_detail: str | None = Field(None, description="Why: the first error line, the reason.")
     report: dict[str, Any] = Field(description="The SWE-bench-style instance report.")
 
@@ -134,6 +134,6 @@ class RolloutResponse(BaseModel):
     outcome: str = Field(description="resolved, unresolved or masked.")
     end_reason: str
     mask_reason: str | None = None
-    grading_outcome: str | None = Field(None, description="How the grading ended (gym_envs.grading.labels); "
+    grading_outcome: str | None = Field(None, description="How the grading ended (grading.labels); "
                                                           "None when the episode was never graded.")
     trajectory: dict[str, Any] = Field(description="The episode, in patchgym run's trajectory format (docs/run.md).")

@@ -4,7 +4,7 @@ OpenEnv (its ``GenericEnvClient``; verifiers and SkyRL use it) can drive a runni
 Real episodes live on the WebSocket ``/ws``: one patchgym session per connection, opened by the
 first ``reset`` and closed when the socket closes or drops, even mid-step. ``POST /reset`` and
 ``POST /step`` are stateless as in OpenEnv: each opens a session and closes it before answering.
-Sessions, limits, deadlines, auth and metrics are :class:`server.core.EnvService`'s, shared with
+Sessions, limits, deadlines, auth and metrics are :class:`patchgym.server.core.EnvService`'s, shared with
 the native ``/v1`` API. Actions are patchgym tool calls, ``{"name": ..., "arguments": {...}}``;
 observations are objects whose ``output`` is patchgym's text observation.
 """
@@ -21,12 +21,11 @@ from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from sandboxes import SandboxError
-from tasks.catalog import UnknownTaskError
-
-from .core import EnvService, EpisodeOver
-from .models import ErrorBody
-from .sessions import CapacityError, OperationTimeout, Session, SessionBusy, SessionNotFound
+from patchgym.sandboxes import SandboxError
+from patchgym.server.core import EnvService, EpisodeOver
+from patchgym.server.models import ErrorBody
+from patchgym.server.sessions import CapacityError, OperationTimeout, Session, SessionBusy, SessionNotFound
+from patchgym.tasks.catalog import UnknownTaskError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

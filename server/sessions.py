@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from gym_envs.envs.repo_env import RepoEnv
+from patchgym.gym_envs.repo_env import RepoEnv
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

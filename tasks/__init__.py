@@ -1,6 +1,6 @@
-"""What a task is and where tasks come from: the task model (:mod:`tasks.model`), the catalog of
-task sets (:mod:`tasks.catalog`), the sandbox a task needs (:mod:`tasks.backends`), SWE-bench rows
-and predictions (:mod:`tasks.swebench_io`, :mod:`tasks.predictions`), and the bundled tasks
+"""What a task is and where tasks come from: the task model (:mod:`patchgym.tasks.model`), the catalog of
+task sets (:mod:`patchgym.tasks.catalog`), the sandbox a task needs (:mod:`patchgym.tasks.backends`), SWE-bench rows
+and predictions (:mod:`patchgym.tasks.swebench_io`, :mod:`patchgym.tasks.predictions`), and the bundled tasks
 themselves: rows in ``instances/*.jsonl`` and their repositories as git bundles in
 ``repos/*.bundle`` (so every ``base_commit`` is a real commit id).
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sandboxes import LocalSandbox, ResourceLimits, Sandbox, SandboxSpec
-from tasks.catalog import hidden_paths, hidden_paths_of_catalog, repo_source
-from tasks.model import Task
+from patchgym.sandboxes import LocalSandbox, ResourceLimits, Sandbox, SandboxSpec
+from patchgym.tasks.catalog import hidden_paths, hidden_paths_of_catalog, repo_source
+from patchgym.tasks.model import Task
 
 BACKENDS = ("local", "docker", "ray")
 #: Options of the ray backend that go to the sandbox on the node (the rest configure the actor).
@@ -38,13 +38,13 @@ def make_sandbox(task: Task, backend: str = "local", **options: Any) -> Sandbox:
     if backend == "local":
         return LocalSandbox(sandbox_spec(task), limits=limits, **options)
     if backend == "docker":
-        from sandboxes.docker import DockerSandbox, default_pool_size, shared_pool
+        from patchgym.sandboxes.docker import DockerSandbox, default_pool_size, shared_pool
 
         pool_size = options.pop("pool_size", None)  # None: $PATCHGYM_DOCKER_POOL, else 1; 0: no warm pool
         options["pool"] = shared_pool(default_pool_size() if pool_size is None else int(pool_size))
         return DockerSandbox(sandbox_spec(task), limits=limits, **options)
     if backend == "ray":
-        from sandboxes.ray_cluster import RaySandbox
+        from patchgym.sandboxes.ray_cluster import RaySandbox
 
         inner_options = {k: options.pop(k) for k in RAY_NODE_OPTIONS if k in options}
         return RaySandbox(sandbox_spec(task), limits=limits, inner_options=inner_options,

@@ -3,19 +3,19 @@
 The file is generated, never edited by hand: SWE-bench's tables for its Python repositories
 (``MAP_REPO_VERSION_TO_SPECS_PY`` and ``MAP_REPO_TO_REQS_PATHS`` of
 ``swebench/harness/constants/python.py``, ``REPLACE_REQ_PACKAGES`` of
-``swebench/harness/test_spec/python.py``, read by :mod:`tasks.swebench_constants` without running
+``swebench/harness/test_spec/python.py``, read by :mod:`patchgym.tasks.swebench_constants` without running
 them), each spec given its ``log_parser`` (``MAP_REPO_TO_PARSER_PY``), then patchgym's
 :data:`CHANGES` applied. A changed spec says why under ``_note`` and keeps SWE-bench's values of
 the keys it changed under ``_swebench`` (null: SWE-bench had no such key), so the file shows what
 SWE-bench says and what patchgym runs instead, and :func:`original` recovers SWE-bench's tables
 from it (the test that the file is what :func:`derive` makes of them). The document has the
 names of SWE-bench's constants, so it is read by the same code as ``--specs``
-(:func:`tasks.swebench_io.load_spec_tables`) and its requirement files are read and rewritten
+(:func:`patchgym.tasks.swebench_io.load_spec_tables`) and its requirement files are read and rewritten
 exactly as theirs.
 
 Regenerate (a SWE-bench checkout, or the ``swebench/harness`` directory of one)::
 
-    python -m tasks.builtin_specs SWEBENCH_DIR --source "SWE-bench/SWE-bench @ COMMIT"
+    python -m patchgym.tasks.builtin_specs SWEBENCH_DIR --source "SWE-bench/SWE-bench @ COMMIT"
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.swebench_constants import (
+from patchgym.tasks.swebench_constants import (
     REPLACE_NAME,
     REQS_NAME,
     SPECS_NAME,
@@ -176,7 +176,8 @@ def render(document: Mapping[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.builtin_specs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m patchgym.tasks.builtin_specs",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("swebench", type=Path, help="a SWE-bench checkout, or its swebench/harness directory")
     parser.add_argument("--source", required=True, help='where it came from: "SWE-bench/SWE-bench @ COMMIT"')
     parser.add_argument("--output", type=Path, default=BUILTIN_SPECS)

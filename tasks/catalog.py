@@ -6,8 +6,8 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import tasks as bundled
-from tasks.model import Task, TaskFileError, load_tasks
+import patchgym.tasks as bundled
+from patchgym.tasks.model import Task, TaskFileError, load_tasks
 
 
 class UnknownTaskError(KeyError):

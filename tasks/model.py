@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from sandboxes import EnvironmentSpec
+from patchgym.sandboxes import EnvironmentSpec
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,7 +54,7 @@ DEFAULT_TEST_COMMANDS: dict[str, str] = {
 
 class TestSpec(BaseModel):
     """The command that runs tests (test ids are appended) and the runner it is, which says how
-    test ids become arguments and how results are read (see :mod:`gym_envs.grading.runners`)."""
+    test ids become arguments and how results are read (see :mod:`patchgym.grading.runners`)."""
 
     model_config = ConfigDict(extra="forbid")
     __test__ = False  # not a pytest test class
@@ -69,7 +69,7 @@ class TestSpec(BaseModel):
     selection: Selection = Field(
         "ids", description="pytest: run the test ids, or the whole files that hold them (as SWE-bench)")
     # Bytecode, __pycache__ and native extension modules run without their source being graded, so
-    # an agent's patch may not add or change them (gym_envs.grading.patches.is_compiled) unless the
+    # an agent's patch may not add or change them (grading.patches.is_compiled) unless the
     # task needs it to.
     allow_compiled_files: bool = Field(
         False, description="let the agent's patch add or change *.pyc, *.pyo, __pycache__/, *.so, *.pyd")
@@ -105,7 +105,7 @@ class Task(BaseModel):
 
     _source_file: Path | None = PrivateAttr(None)
     # The row as it was read (key order, test lists as JSON strings or lists, numbers kept as
-    # numbers), so an export can give back what was imported (see :mod:`tasks.swebench_io`).
+    # numbers), so an export can give back what was imported (see :mod:`patchgym.tasks.swebench_io`).
     _raw_row: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")

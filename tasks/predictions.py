@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.catalog import TaskSet
-from tasks.model import TaskFileError, read_models
+from patchgym.tasks.catalog import TaskSet
+from patchgym.tasks.model import TaskFileError, read_models
 
 GOLD = "gold"
 EMPTY = "empty"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.model import TaskFileError, read_rows
+from patchgym.tasks.model import TaskFileError, read_rows
 
 DEFAULT_SPLIT = "test"
 _HF_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

@@ -6,7 +6,7 @@ what SWE-bench keeps outside the row — the environment and the test command �
 row's own patchgym ``environment``/``test_spec``; its ``install_config`` (SWE-rebench's field); the
 ``--specs`` file (``{"owner/name": {"<version>": {...}}}``, SWE-bench's MAP_REPO_VERSION_TO_SPECS;
 a ``"*"`` version applies to every version); the built-in specs of SWE-bench's repositories
-(``tasks/specs/swebench.json``, SWE-bench's constants as JSON, made by :mod:`tasks.builtin_specs`, read
+(``tasks/specs/swebench.json``, SWE-bench's constants as JSON, made by :mod:`patchgym.tasks.builtin_specs`, read
 and applied as ``--specs`` is); defaults, with a warning.
 
 Round trip: a task keeps the row it was read from (:attr:`Task.raw_row`), and rows are written
@@ -42,9 +42,9 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tasks.builtin_specs import BUILTIN_SPECS
-from tasks.catalog import repo_source
-from tasks.model import (
+from patchgym.tasks.builtin_specs import BUILTIN_SPECS
+from patchgym.tasks.catalog import repo_source
+from patchgym.tasks.model import (
     DEFAULT_TEST_COMMANDS,
     EnvironmentConfig,
     Selection,
@@ -54,7 +54,7 @@ from tasks.model import (
     TestSpec,
     _format_error,
 )
-from tasks.swebench_constants import (
+from patchgym.tasks.swebench_constants import (
     SPECS_NAME,
     ConstantsError,
     HarnessConstants,
@@ -154,7 +154,7 @@ def clone_url(template: str, repo: str) -> str:
     """The clone URL of ``owner/name`` from ``template``: its ``{repo}``, ``{owner}`` and ``{name}``
     filled in (``file:///srv/git/{owner}__{name}.git``), or, with none of them, ``owner/name``
     appended as a path (``https://github.com`` → ``https://github.com/owner/name``). Clones are
-    cached as mirrors (:mod:`sandboxes.repos`) and fetched again only when a commit is missing."""
+    cached as mirrors (:mod:`patchgym.sandboxes.repos`) and fetched again only when a commit is missing."""
     owner, _, name = repo.rpartition("/")
     if any(f"{{{key}}}" in template for key in ("repo", "owner", "name")):
         return template.replace("{repo}", repo).replace("{owner}", owner).replace("{name}", name)
@@ -231,7 +231,7 @@ def load_specs(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
 
 def load_spec_tables(path: Path) -> HarnessConstants:
     """``--specs``: SWE-bench's harness constants (the ``swebench/harness/constants`` directory, a
-    Python file of it, or JSON with its names; :mod:`tasks.swebench_constants`) or a spec map
+    Python file of it, or JSON with its names; :mod:`patchgym.tasks.swebench_constants`) or a spec map
     alone (JSON/YAML, :func:`load_specs`, with SWE-bench's harness's package rewrites)."""
     try:
         if path.is_dir() or path.suffix == ".py":
@@ -288,7 +288,7 @@ def _read_requirements(row: Mapping[str, Any], repo: str, repo_path: str | None,
 @cache
 def builtin_constants() -> HarnessConstants:
     """SWE-bench's constants patchgym carries for every Python repository SWE-bench lists, with
-    patchgym's changes (:mod:`tasks.builtin_specs`), read as ``--specs`` reads them."""
+    patchgym's changes (:mod:`patchgym.tasks.builtin_specs`), read as ``--specs`` reads them."""
     return load_spec_tables(BUILTIN_SPECS)
 
 
@@ -555,8 +555,8 @@ def _environment_for(row: Mapping[str, Any], repo: str, specs: Mapping[str, Mapp
 def import_swebench(source: str | Path, *, repos: str | Path, output: Path,
                     specs_path: Path | None = None, selection: Selection = "files") -> ImportResult:
     """Read SWE-bench rows (a JSON/JSONL/parquet file or a Hugging Face dataset,
-    :func:`tasks.row_sources.read_source_rows`) and make them tasks (see :func:`import_rows`)."""
-    from tasks.row_sources import read_source_rows
+    :func:`patchgym.tasks.row_sources.read_source_rows`) and make them tasks (see :func:`import_rows`)."""
+    from patchgym.tasks.row_sources import read_source_rows
 
     if not is_url(str(repos)) and not Path(repos).is_dir():
         raise TaskFileError(f"{repos}: not a directory of repositories, nor a clone URL")

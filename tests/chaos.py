@@ -65,7 +65,7 @@ def _endpoint(command: str, tasks: Path | None, ids: list[str]) -> Iterator[str 
     if command != "run":
         yield None
         return
-    from tasks.catalog import load_task_set
+    from patchgym.tasks.catalog import load_task_set
     from tests.fake_openai import FakeModel
     from tests.serving import serve
 
@@ -78,7 +78,7 @@ def _endpoint(command: str, tasks: Path | None, ids: list[str]) -> Iterator[str 
 
 def _argv(command: str, backend: str, out: Path, tasks: Path | None, ids: list[str], workers: int,
           base_url: str | None) -> list[str]:
-    argv = [sys.executable, "-m", "cli"]
+    argv = [sys.executable, "-m", "patchgym.cli"]
     if command == "eval":
         argv += ["eval", "--predictions", "gold", "--output", str(out), "--backend", backend]
     else:
@@ -133,7 +133,7 @@ def _owned(root: Path, pids: set[int]) -> list[str]:
 
 
 def _leftovers(home: Path, killed: set[int], backend: str, namespace: str) -> dict[str, list[str]]:
-    from sandboxes.limits import CGROUP_PARENT, CGROUP_ROOT
+    from patchgym.sandboxes.limits import CGROUP_PARENT, CGROUP_ROOT
 
     spared = {os.getpid(), os.getppid()}
     found: dict[str, list[str]] = {"processes": _processes(home, spared)}
@@ -145,9 +145,9 @@ def _leftovers(home: Path, killed: set[int], backend: str, namespace: str) -> di
     found["cgroups"] = cgroups
     found["directories"] = [p for kind in ("sandboxes", "builds", "etc") for p in _owned(home / kind, killed)]
     if backend == "docker":
-        from sandboxes.docker.build_mutex import BUILD_PREFIX
-        from sandboxes.docker.build_mutex import namespace as name_part
-        from sandboxes.docker.client import MANAGED_LABEL, OWNER_LABEL, docker_client
+        from patchgym.sandboxes.docker.build_mutex import BUILD_PREFIX
+        from patchgym.sandboxes.docker.build_mutex import namespace as name_part
+        from patchgym.sandboxes.docker.client import MANAGED_LABEL, OWNER_LABEL, docker_client
 
         client = docker_client()
         host = os.uname().nodename
@@ -197,7 +197,7 @@ def chaos(*, command: str, backend: str, rounds: int, max_delay: float, seed: in
                                    stderr=subprocess.STDOUT, timeout=timeout)
         if final.returncode != 0:
             outcome.problems.append(f"the completing run exited {final.returncode} (see {work / 'final.log'})")
-    from tasks.catalog import load_task_set
+    from patchgym.tasks.catalog import load_task_set
 
     _check_report(command, out, len(load_task_set(tasks).select(ids or None)), outcome)
     # Bounded wait for the kernel and the engine (a loaded host delays them): the check is what
@@ -209,8 +209,8 @@ def chaos(*, command: str, backend: str, rounds: int, max_delay: float, seed: in
             break
         time.sleep(0.5)
     if backend == "docker" and own_namespace:  # the runtime volume of the namespace made for the run
-        from sandboxes.docker.build_mutex import namespace as name_part
-        from sandboxes.docker.client import docker_client
+        from patchgym.sandboxes.docker.build_mutex import namespace as name_part
+        from patchgym.sandboxes.docker.client import docker_client
 
         prefix = "patchgym-runtime-" + name_part(env["PATCHGYM_DOCKER_NAMESPACE"])
         for volume in docker_client().volumes.list(filters={"name": prefix}):

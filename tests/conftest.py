@@ -7,12 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
+import venv
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 collect_ignore = ["fixtures"]  # source files for test repositories, not tests of patchgym
 PYTEST_PIN = "pytest==8.3.5"  # the same pin as the bundled catalog, so the venv is shared
@@ -94,6 +96,35 @@ def patchgym_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built from a copy of the checkout: setuptools builds in the source
+    tree's build/, whose leftovers (a module since moved or deleted) would end up in the wheel and
+    hide a missing file."""
+    work = tmp_path_factory.mktemp("wheel")
+    wheels, source = work / "wheels", work / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
+                                                                ".pytest_cache", ".venv", "runs", "logs"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = wheels.glob("patchgym-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def plain_venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel installed without extras into a venv of its own (dependencies from the package
+    index, as a user's ``pip install .`` gets them)."""
+    env_dir = tmp_path_factory.mktemp("plain") / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    install = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q",
+                              "--disable-pip-version-check", str(built_wheel)], capture_output=True, text=True,
+                             timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    return env_dir
+
+
+@pytest.fixture(scope="session")
 def calc_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     repo = tmp_path_factory.mktemp("repos") / "calc"
     return repo, build_calc_repo(repo)
@@ -109,14 +140,14 @@ def calc_tasks_file(calc_repo, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="session")
 def calc_task(calc_tasks_file):
-    from gym_envs import load_tasks
+    from patchgym import load_tasks
 
     return load_tasks(calc_tasks_file)[0]
 
 
 @pytest.fixture
 def calc_sandbox(calc_task):
-    from tasks.backends import make_sandbox
+    from patchgym.tasks.backends import make_sandbox
 
     sandbox = make_sandbox(calc_task)
     yield sandbox
@@ -130,8 +161,8 @@ def sandbox_of_a_killed_process(task, then: str) -> list[str]:
     script = (
         "import os, sys\n"
         f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
-        "from tasks.backends import make_sandbox\n"
-        "from tasks.model import load_tasks\n"
+        "from patchgym.tasks.backends import make_sandbox\n"
+        "from patchgym.tasks.model import load_tasks\n"
         f"sb = make_sandbox(load_tasks({str(task.source_file)!r})[0])\n"
         f"{then}\n"
         "sys.stdout.flush()\n"
@@ -148,7 +179,7 @@ def docker_required() -> bool:
 
 def require_docker() -> None:
     """Skip when no Docker engine is reachable, unless CI demands Docker (then fail)."""
-    from sandboxes.docker.client import docker_available
+    from patchgym.sandboxes.docker.client import docker_available
 
     if docker_available():
         return
@@ -161,7 +192,7 @@ def require_docker() -> None:
 def docker_base() -> str:
     """The Debian base image, bootstrapped once (debootstrap + docker import) when missing."""
     require_docker()
-    from sandboxes.docker.images import base_tag, ensure_base
+    from patchgym.sandboxes.docker.images import base_tag, ensure_base
 
     ensure_base()
     return base_tag()
@@ -177,7 +208,7 @@ def backend(request) -> str:
 @pytest.fixture(scope="module")
 def url(calc_tasks_file) -> Iterator[str]:
     """The calc task set served by a real uvicorn, one server per test module."""
-    from server.app import create_app
+    from patchgym.server.app import create_app
     from tests.serving import serve
 
     with serve(create_app(tasks=calc_tasks_file)) as u:

@@ -183,7 +183,7 @@ def serve_model(port: int, scripts: dict[str, list[dict]], ready: Path | None = 
 
 
 def gold_patch(tasks: Path, instance_id: str) -> str:
-    from gym_envs import load_tasks
+    from patchgym import load_tasks
 
     task = next(t for t in load_tasks(tasks) if t.instance_id == instance_id)
     return task.patch

@@ -3,7 +3,7 @@
 NeMo Gym needs a newer Python than the host's 3.11: 0.4.0 wants >= 3.12, 0.7.0 >= 3.13.14. Neither
 pyenv nor uv may download an interpreter here (only PyPI and Debian's archive are reachable), so
 each release runs in a Debian root made with ``debootstrap --variant=minbase`` the way the image
-tooling makes its base (:mod:`sandboxes.docker.images`: same mirror, same host CA bundle and pip
+tooling makes its base (:mod:`patchgym.sandboxes.docker.images`: same mirror, same host CA bundle and pip
 configuration): 0.4.0 on trixie (python3, 3.13.5), 0.7.0 on forky (its python3.13, 3.13.15 on
 2026-12-05; trixie's 3.13.5 is below what 0.7.0 declares). ``nemo-gym`` goes into a venv at
 ``/opt/nemo``, and the uv venvs NeMo Gym's launcher wants for each server directory are pre-built
@@ -69,7 +69,7 @@ class Release:
 
 
 def _base_packages() -> tuple[str, ...]:
-    from sandboxes.docker.images import BASE_PACKAGES
+    from patchgym.sandboxes.docker.images import BASE_PACKAGES
 
     return tuple(dict.fromkeys((*BASE_PACKAGES, "python3-pip", "bash")))
 
@@ -97,7 +97,7 @@ def cache_root() -> Path:
         path = Path(explicit)
         path.mkdir(parents=True, exist_ok=True)
         return path
-    from sandboxes import paths
+    from patchgym.sandboxes import paths
 
     saved = os.environ.get("PATCHGYM_HOME")
     try:
@@ -157,7 +157,7 @@ def root_packages(release: Release = NEMO_GYM_04) -> tuple[str, ...]:
 
 def root_key(release: Release = NEMO_GYM_04) -> dict:
     """What a root is made of (its cache key). 0.4.0's is the key its roots had before 0.7.0 came."""
-    from sandboxes.docker.images import host_mirror
+    from patchgym.sandboxes.docker.images import host_mirror
 
     key = {"layout": 1, "release": release.debian, "packages": list(root_packages(release)),
            "mirror": host_mirror(), "nemo_gym": release.version, "uv": UV_VERSION,
@@ -169,14 +169,14 @@ def root_key(release: Release = NEMO_GYM_04) -> dict:
 
 
 def root_path(release: Release = NEMO_GYM_04) -> Path:
-    from sandboxes.docker.images import _digest
+    from patchgym.sandboxes.docker.images import _digest
 
     return cache_root() / f"root-{release.debian}-{_digest(root_key(release))}"
 
 
 def _host_environ_for(root: Path) -> dict[str, str]:
     """The host's pip, proxy and CA variables, less those naming a host path the root lacks."""
-    from sandboxes.docker.images import _host_path, _path_values, build_environ
+    from patchgym.sandboxes.docker.images import _host_path, _path_values, build_environ
 
     env = {}
     for key, value in build_environ().items():
@@ -207,14 +207,20 @@ def _debootstrap_argv(release: Release, root: Path, mirror: str) -> list[str]:
     argv = ["debootstrap", "--variant=minbase", f"--include={','.join(root_packages(release))}", release.debian,
             str(root), mirror]
     if release.debootstrap_script:
-        from sandboxes.docker.images import DEBOOTSTRAP_SCRIPTS
+        from patchgym.sandboxes.docker.images import DEBOOTSTRAP_SCRIPTS
 
         argv.append(str(DEBOOTSTRAP_SCRIPTS / release.debootstrap_script))
     return argv
 
 
 def _build(release: Release, root: Path, log_file: Path, progress: Progress) -> None:
-    from sandboxes.docker.images import DEBOOTSTRAP_TIMEOUT, _clean_rootfs, _copy_host_trust, _run_logged, host_mirror
+    from patchgym.sandboxes.docker.images import (
+        DEBOOTSTRAP_TIMEOUT,
+        _clean_rootfs,
+        _copy_host_trust,
+        _run_logged,
+        host_mirror,
+    )
 
     mirror = host_mirror()
     _say(progress, f"debootstrap {release.debian} from {mirror} (minbase + {', '.join(root_packages(release))})")
@@ -247,8 +253,8 @@ def _build(release: Release, root: Path, log_file: Path, progress: Progress) -> 
 
 def ensure_root(progress: Progress = None, release: Release = NEMO_GYM_04) -> Path:
     """The cached root filesystem of ``release``, built first if missing (under a lock: once across processes)."""
-    from sandboxes.docker.images import _remove_rootfs
-    from sandboxes.locks import file_lock
+    from patchgym.sandboxes.docker.images import _remove_rootfs
+    from patchgym.sandboxes.locks import file_lock
 
     root = root_path(release)
     if (root / "pg-root.json").is_file():

@@ -1,5 +1,5 @@
 """A python-build-standalone-shaped archive made from a CPython this host already has, for tests:
-:func:`sandboxes.python_archives.pack_installation` of the running CPython or of pyenv's."""
+:func:`patchgym.sandboxes.python_archives.pack_installation` of the running CPython or of pyenv's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import platform
 import sys
 from pathlib import Path
 
-from sandboxes.python_archives import PackError, pack_installation
+from patchgym.sandboxes.python_archives import PackError, pack_installation
 
 
 def host_cpython() -> tuple[Path, str]:

@@ -1,4 +1,4 @@
-"""server.async_client: batched rollouts over a real uvicorn server, and the retry policy (which
+"""patchgym.server.async_client: batched rollouts over a real uvicorn server, and the retry policy (which
 failures are retried, how long it waits, when it gives up) against scripted transports."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from server.app import create_app
-from server.async_client import AsyncClient, RetriesExhausted, backoff_delay, parse_retry_after, run_many
-from server.client import RemoteEnvError
+from patchgym.server.app import create_app
+from patchgym.server.async_client import AsyncClient, RetriesExhausted, backoff_delay, parse_retry_after, run_many
+from patchgym.server.client import RemoteEnvError
 from tests.serving import serve
 
 TASK = "fixture__calc-1"

@@ -1,4 +1,4 @@
-"""The runtime's audit hook (gym_envs/grading/pytest_runtime/audit.py), run as the grader runs it:
+"""The runtime's audit hook (grading/pytest_runtime/audit.py), run as the grader runs it:
 ``python -I -B <runtime>/bootstrap.py`` in a small repository whose package uses one forger's
 primitive while the tests run. Each primitive must end the run with a ``tampering`` record naming the
 event and the package's file; the controls (what libraries and tests do every day) must not."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs.grading import integrity
-from gym_envs.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
+from patchgym.grading import integrity
+from patchgym.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 
 TEST_FILE = "tests/test_things.py"
 TESTS = textwrap.dedent('''
@@ -145,8 +145,8 @@ def test_test_support_files_are_trusted_unless_written_during_the_run(tmp_path):
                                   "test_a.py", "pkg/b_test.py", "pkg/tests.py", "pkg/mod.py", "pkg/testsuite.py",
                                   "Tests/x.py", "pkg/contest.py"])
 def test_the_runtime_and_the_patch_filter_agree_on_what_a_test_file_is(path):
-    from gym_envs.grading.patches import is_test_or_config
-    from gym_envs.grading.pytest_runtime.audit import is_test_support
+    from patchgym.grading.patches import is_test_or_config
+    from patchgym.grading.pytest_runtime.audit import is_test_support
     assert is_test_support(path) == is_test_or_config(path)
 
 

@@ -1,4 +1,4 @@
-"""Automatic environments (gym_envs/making/auto_env.py): candidate recipes read from a repository's
+"""Automatic environments (making/auto_env.py): candidate recipes read from a repository's
 declarations, tried in order until the tests collect at the base commit."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from conftest import PYTEST_PIN
 from packaging.version import Version
 from test_repo_setup import commit
 
-from gym_envs.grading.testrun import probe_task
-from gym_envs.making import auto_env
-from gym_envs.making.git_source import RepoFiles
-from sandboxes import SandboxError
-from sandboxes.base import ExecResult
-from tasks.backends import sandbox_factory
+from patchgym.grading.testrun import probe_task
+from patchgym.making import auto_env
+from patchgym.making.git_source import RepoFiles
+from patchgym.sandboxes import SandboxError
+from patchgym.sandboxes.base import ExecResult
+from patchgym.tasks.backends import sandbox_factory
 
 LIB = {"tinylib/__init__.py": "def add(a, b):\n    return a + b\n"}
 TESTS = {"tests/test_add.py": "from tinylib import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"}
@@ -165,8 +165,8 @@ def test_requirements_dev_wins_when_the_test_requirements_fall_short(tmp_path):
 
 @pytest.mark.slow
 def test_python_requires_that_excludes_the_default_picks_an_interpreter_it_allows(tmp_path):
-    from sandboxes import EnvironmentSpec
-    from sandboxes.environments import find_interpreter
+    from patchgym.sandboxes import EnvironmentSpec
+    from patchgym.sandboxes.environments import find_interpreter
 
     try:
         find_interpreter(EnvironmentSpec(python="<3.11,>=3.8"))
@@ -194,7 +194,7 @@ def test_import_swebench_chooses_an_environment_for_a_repository_no_spec_covers(
 
     from typer.testing import CliRunner
 
-    from cli import app
+    from patchgym.cli import app
 
     repos = tmp_path / "repos"
     repo = repos / "acme__tinylib"
@@ -356,7 +356,7 @@ def test_an_extra_built_from_others_in_setup_py_is_read_and_tried_before_another
 
 
 def test_setup_py_subscripts_cannot_recurse_forever():
-    from gym_envs.making.repo_setup import setup_py_keywords
+    from patchgym.making.repo_setup import setup_py_keywords
 
     text = "E = {'a': ['x']}\nE['b'] = E['b'] + E['a']\nE['a'] = E['b']\nfrom setuptools import setup\n" \
            "setup(extras_require=E, install_requires=['y'])\n"

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from gym_envs import Verifier
-from sandboxes import PathOutsideWorkspaceError, SandboxClosedError
-from tasks.backends import make_sandbox, sandbox_factory
+from patchgym import Verifier
+from patchgym.sandboxes import PathOutsideWorkspaceError, SandboxClosedError
+from patchgym.tasks.backends import make_sandbox, sandbox_factory
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes import EnvironmentBuildError
-from sandboxes.build_errors import error_lines, step_failed
-from sandboxes.environments import run_logged
+from patchgym.sandboxes import EnvironmentBuildError
+from patchgym.sandboxes.build_errors import error_lines, step_failed
+from patchgym.sandboxes.environments import run_logged
 
 # What pip printed for sqlfluff's requirements_dev.txt with SWE-bench's specs before its rewrite:
 # a long line of versions ignored for their Python, then the two lines that matter.

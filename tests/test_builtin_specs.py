@@ -1,4 +1,4 @@
-"""The built-in specs are made by one generator (:mod:`tasks.builtin_specs`) from SWE-bench's
+"""The built-in specs are made by one generator (:mod:`patchgym.tasks.builtin_specs`) from SWE-bench's
 harness, patchgym's changes noted with SWE-bench's values (coverage and conversion:
 tests/test_swebench_io.py; the requirement rewrite: tests/test_swebench_constants.py)."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tasks.builtin_specs import (
+from patchgym.tasks.builtin_specs import (
     BUILTIN_SPECS,
     CHANGES,
     NOTE,
@@ -20,7 +20,7 @@ from tasks.builtin_specs import (
     read_harness,
     render,
 )
-from tasks.swebench_constants import REPLACE_NAME, REQS_NAME, SPECS_NAME, HarnessConstants
+from patchgym.tasks.swebench_constants import REPLACE_NAME, REQS_NAME, SPECS_NAME, HarnessConstants
 
 
 def test_the_file_is_what_the_generator_makes_of_swebenchs_tables():

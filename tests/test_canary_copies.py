@@ -1,7 +1,7 @@
-"""Canaries copied from the hidden module's own tests (gym_envs/grading/canary_copies.py): that a
+"""Canaries copied from the hidden module's own tests (grading/canary_copies.py): that a
 mutated copy really fails where its original passes, an unchanged one passes, in real pytest runs
 (with a markupsafe-style autouse ``params`` fixture too); that they look like the module's tests;
-and how a run of them is read (gym_envs/grading/integrity.py). The forgers they stop are in
+and how a run of them is read (grading/integrity.py). The forgers they stop are in
 test_canary_forgers.py."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs.grading import integrity
-from gym_envs.grading.outcome import TestStatus, parse_junit
+from patchgym.grading import integrity
+from patchgym.grading.outcome import TestStatus, parse_junit
 
 PATH = "tests/test_things.py"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs import load_task_set
-from gym_envs.grading import testrun
+from patchgym import load_task_set
+from patchgym.grading import testrun
 
 _spec = importlib.util.spec_from_file_location("canary_forger", Path(__file__).parents[1] / "bench" / "canary_forger.py")
 bench = importlib.util.module_from_spec(_spec)

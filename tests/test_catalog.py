@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-import tasks as bundled
-from gym_envs import UnknownTaskError, load_task_set
-from gym_envs.grading.patches import is_test_or_config, touched_paths
-from tasks.catalog import repo_source
+import patchgym.tasks as bundled
+from patchgym import UnknownTaskError, load_task_set
+from patchgym.grading.patches import is_test_or_config, touched_paths
+from patchgym.tasks.catalog import repo_source
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def test_unknown_instance_id_is_a_clear_error(catalog):
 @pytest.mark.slow
 def test_every_bundled_task_validates(catalog):
     """Gold resolves, no change does not (tests really run), two gold runs agree."""
-    from gym_envs import Verifier
-    from gym_envs.making.validation import validate_tasks
+    from patchgym import Verifier
+    from patchgym.making.validation import validate_tasks
 
     results = validate_tasks(catalog, Verifier(), runs=2, workers=2)
     problems = {r.instance_id: r.problems for r in results if not r.ok}
@@ -62,9 +62,9 @@ def test_every_bundled_task_validates(catalog):
 def test_difficulty_filters_and_samples_for_a_curriculum(tmp_path):
     from typer.testing import CliRunner
 
-    from cli import app
-    from tasks.catalog import difficulty, filter_tasks, load_task_set
-    from tasks.model import save_tasks
+    from patchgym.cli import app
+    from patchgym.tasks.catalog import difficulty, filter_tasks, load_task_set
+    from patchgym.tasks.model import save_tasks
 
     bundled = list(load_task_set())
     synth = bundled[0].model_copy(update={"instance_id": "x.synth-1"})

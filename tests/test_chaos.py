@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from sandboxes.lifetime import setpriv_path
+from patchgym.sandboxes.lifetime import setpriv_path
 from tests.chaos import chaos
 
 pytestmark = pytest.mark.skipif(setpriv_path() is None, reason="setpriv (util-linux) is not installed")
@@ -41,7 +41,7 @@ def test_killed_local_runs_complete_clean_and_leave_nothing(command, calc_tasks_
 
 def test_a_killed_docker_eval_completes_clean_and_leaves_nothing(docker_base, calc_tasks_file, tmp_path,
                                                                  monkeypatch):
-    from sandboxes.docker.client import docker_client
+    from patchgym.sandboxes.docker.client import docker_client
 
     namespace = f"chaos-{os.urandom(4).hex()}"
     monkeypatch.setenv("PATCHGYM_DOCKER_NAMESPACE", namespace)

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from cli import common as cli_common
+from patchgym.cli import app
+from patchgym.cli import common as cli_common
 
 runner = CliRunner()
 cli_common.out.width = cli_common.console.width = 300  # no wrapping inside table cells

@@ -13,14 +13,14 @@ import pytest
 from conftest import calc_task_row
 from serving import serve
 
-from gym_envs import TrajectoryRecorder, Verifier, load_tasks
-from gym_envs.envs.repo_env import RepoEnv
-from gym_envs.grading.cost import GIB, CostMeter, EpisodeCost, Prices, summarize
-from gym_envs.grading.evaluation import evaluate
-from sandboxes.base import SandboxUsage
-from tasks.backends import sandbox_factory
-from tasks.catalog import TaskSet
-from tasks.predictions import Prediction
+from patchgym import TrajectoryRecorder, Verifier, load_tasks
+from patchgym.grading.cost import GIB, CostMeter, EpisodeCost, Prices, summarize
+from patchgym.grading.evaluation import evaluate
+from patchgym.gym_envs.repo_env import RepoEnv
+from patchgym.sandboxes.base import SandboxUsage
+from patchgym.tasks.backends import sandbox_factory
+from patchgym.tasks.catalog import TaskSet
+from patchgym.tasks.predictions import Prediction
 
 BURN = 0.6  # CPU seconds the burning test and the burning command spend
 # A hidden test that burns BURN seconds of its own process's CPU, then passes.
@@ -154,7 +154,7 @@ def test_cpu_burnt_by_the_agent_is_agent_cpu_and_the_episode_includes_its_gradin
 
 
 def test_metrics_count_what_episodes_cost(calc_tasks_file, calc_task):
-    from server.app import create_app
+    from patchgym.server.app import create_app
 
     app = create_app(tasks=calc_tasks_file, env_options={"prices": Prices(core_hour=7.0, gb_hour=3.0)})
     with serve(app) as url, httpx.Client(base_url=url, timeout=120) as http:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.environments import EnvironmentSpec, ensure_environment, ready_venv
-from sandboxes.lifetime import ORPHANED_EXIT, parent_checked, run_checked, setpriv_path
-from sandboxes.process import is_dead_or_exiting
+from patchgym.sandboxes.environments import EnvironmentSpec, ensure_environment, ready_venv
+from patchgym.sandboxes.lifetime import ORPHANED_EXIT, parent_checked, run_checked, setpriv_path
+from patchgym.sandboxes.process import is_dead_or_exiting
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(setpriv_path() is None, reason="setpriv (util-li
 
 BUILDER = """
 import sys
-from sandboxes.environments import EnvironmentSpec, ensure_environment
+from patchgym.sandboxes.environments import EnvironmentSpec, ensure_environment
 ensure_environment(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)))
 """
 
@@ -124,8 +124,8 @@ def test_sigkilling_a_sandbox_starter_ends_the_sandbox(isolation, tmp_path, calc
     tasks.write_text(json.dumps(calc_task_row(repo, info)) + "\n")
     tag = _tag()
     code = f"""
-from gym_envs import load_tasks
-from tasks.backends import make_sandbox
+from patchgym import load_tasks
+from patchgym.tasks.backends import make_sandbox
 sandbox = make_sandbox(load_tasks({str(tasks)!r})[0], "local", isolation={isolation!r})
 sandbox.exec("sleep {tag}", timeout=900)
 """
@@ -183,7 +183,7 @@ def test_a_half_built_environment_is_rebuilt_not_reused_nor_removed_under_an_orp
 # -- Docker: builds coordinated through the engine --------------------------------------------------
 
 RUNTIME = """
-from sandboxes.docker.runtime import runtime_volume
+from patchgym.sandboxes.docker.runtime import runtime_volume
 print(runtime_volume())
 """
 
@@ -191,8 +191,8 @@ print(runtime_volume())
 @pytest.fixture
 def namespace(docker_base, monkeypatch):
     """A fresh ``PATCHGYM_DOCKER_NAMESPACE``; what the test made in it is removed after it."""
-    from sandboxes.docker.build_mutex import BUILD_PREFIX
-    from sandboxes.docker.client import docker_client
+    from patchgym.sandboxes.docker.build_mutex import BUILD_PREFIX
+    from patchgym.sandboxes.docker.client import docker_client
 
     ns = f"t{os.urandom(4).hex()}"
     monkeypatch.setenv("PATCHGYM_DOCKER_NAMESPACE", ns)
@@ -205,16 +205,16 @@ def namespace(docker_base, monkeypatch):
 
 
 def _runtime_names(ns: str) -> tuple[str, str]:
-    from sandboxes.docker.build_mutex import build_name
-    from sandboxes.docker.runtime import VOLUME_PREFIX, runtime_key
+    from patchgym.sandboxes.docker.build_mutex import build_name
+    from patchgym.sandboxes.docker.runtime import VOLUME_PREFIX, runtime_key
 
     key = runtime_key()
     return VOLUME_PREFIX + f"{ns}-" + key, build_name(f"runtime-{key}")
 
 
 def _server_in(volume: str) -> str:
-    from sandboxes.docker.client import docker_client
-    from sandboxes.docker.images import base_tag
+    from patchgym.sandboxes.docker.client import docker_client
+    from patchgym.sandboxes.docker.images import base_tag
 
     return docker_client().containers.run(
         base_tag(), ["sh", "-c", "test -x /v/pgserver && test -f /v/diff_helper.py && ls /v"], remove=True,
@@ -224,7 +224,7 @@ def _server_in(volume: str) -> str:
 def test_two_homes_racing_on_a_fresh_engine_build_the_runtime_once(tmp_path, namespace):
     """Two processes with different homes (no file lock in common) ask for the runtime volume at
     once: both get it whole, and no build container is left."""
-    from sandboxes.docker.client import docker_client
+    from patchgym.sandboxes.docker.client import docker_client
 
     volume, build = _runtime_names(namespace)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -242,10 +242,10 @@ def test_a_dead_builders_container_and_half_filled_volume_are_taken_over(namespa
     """A builder SIGKILLed mid-build leaves its build container (the mutex) and a volume without
     its completion marker: the next builder removes the container, since its owner is provably
     gone, and fills the volume again in place."""
-    from sandboxes.docker.build_mutex import STARTED_LABEL
-    from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client
-    from sandboxes.docker.images import base_tag
-    from sandboxes.docker.runtime import runtime_volume
+    from patchgym.sandboxes.docker.build_mutex import STARTED_LABEL
+    from patchgym.sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client
+    from patchgym.sandboxes.docker.images import base_tag
+    from patchgym.sandboxes.docker.runtime import runtime_volume
 
     volume, build = _runtime_names(namespace)
     dead = subprocess.Popen(["true"])
@@ -261,10 +261,10 @@ def test_a_dead_builders_container_and_half_filled_volume_are_taken_over(namespa
 
 
 def test_a_build_held_by_a_live_owner_is_waited_for_not_taken(namespace):
-    from sandboxes import EnvironmentBuildError
-    from sandboxes.docker.build_mutex import build_name, claim, owner_labels
-    from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, docker_client
-    from sandboxes.docker.images import base_tag
+    from patchgym.sandboxes import EnvironmentBuildError
+    from patchgym.sandboxes.docker.build_mutex import build_name, claim, owner_labels
+    from patchgym.sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, docker_client
+    from patchgym.sandboxes.docker.images import base_tag
 
     client = docker_client()
 
@@ -283,14 +283,14 @@ def test_a_build_held_by_a_live_owner_is_waited_for_not_taken(namespace):
 
 IMAGE_BUILDER = """
 import sys
-from sandboxes.docker.images import environment_image
-from sandboxes.environments import EnvironmentSpec
+from patchgym.sandboxes.docker.images import environment_image
+from patchgym.sandboxes.environments import EnvironmentSpec
 environment_image(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)))
 """
 # The runtime's build, its step held up (it takes a second or two) until the builder is killed.
 RUNTIME_BUILDER = """
 import sys
-from sandboxes.docker import images, runtime
+from patchgym.sandboxes.docker import images, runtime
 run = images.BuildContainer.run
 images.BuildContainer.run = lambda box, argv, **kw: run(box, ["sh", "-c", sys.argv[1] + " && " + argv[-1]], **kw)
 runtime.runtime_volume()
@@ -311,8 +311,8 @@ def _kill_mid_step(code: str, *args: str, step: str, namespace: str, home: Path)
     """Start ``code`` with ``args``, SIGKILL it once ``step`` runs in a build container of
     ``namespace``, and check that the engine removes that container within seconds: no wait for
     gc or for the next claimant of the build."""
-    from sandboxes.docker.build_mutex import BUILD_PREFIX
-    from sandboxes.docker.client import docker_client
+    from patchgym.sandboxes.docker.build_mutex import BUILD_PREFIX
+    from patchgym.sandboxes.docker.client import docker_client
 
     client = docker_client()
     builds = {"name": f"{BUILD_PREFIX}{namespace}-"}
@@ -336,8 +336,8 @@ def _kill_mid_step(code: str, *args: str, step: str, namespace: str, home: Path)
 def test_sigkilling_an_image_builder_removes_its_build_container(tmp_path, namespace, docker_base):
     """An environment image's builder SIGKILLed while a step runs: its build container goes, the
     step with it, and no image is left, tagged or half-built."""
-    from sandboxes.docker.client import docker_client
-    from sandboxes.docker.images import PYTHON_LABEL, _image, environment_key, python_source
+    from patchgym.sandboxes.docker.client import docker_client
+    from patchgym.sandboxes.docker.images import PYTHON_LABEL, _image, environment_key, python_source
 
     client = docker_client()
     python = ".".join(client.images.get(docker_base).labels[PYTHON_LABEL].split(".")[:2])
@@ -351,7 +351,7 @@ def test_sigkilling_an_image_builder_removes_its_build_container(tmp_path, names
 def test_sigkilling_the_runtimes_builder_removes_its_build_container(tmp_path, namespace):
     """The runtime volume's builder SIGKILLed while its build runs: its build container goes, and
     the volume is not marked complete (the next builder fills it again)."""
-    from sandboxes.docker.runtime import COMPLETE_SUFFIX, _complete
+    from patchgym.sandboxes.docker.runtime import COMPLETE_SUFFIX, _complete
 
     volume, _ = _runtime_names(namespace)
     step = f"sleep {_tag()}"
@@ -362,8 +362,8 @@ def test_sigkilling_the_runtimes_builder_removes_its_build_container(tmp_path, n
 def test_gc_removes_unfinished_attempts_only_while_nobody_builds(tmp_path, monkeypatch):
     import json
 
-    from sandboxes.environments import reap_attempts
-    from sandboxes.locks import file_lock
+    from patchgym.sandboxes.environments import reap_attempts
+    from patchgym.sandboxes.locks import file_lock
 
     monkeypatch.setenv("PATCHGYM_HOME", str(tmp_path / "home"))
     root = tmp_path / "home" / "envs" / "0123456789abcdef"
@@ -381,14 +381,14 @@ def test_gc_removes_half_made_cache_entries_of_dead_makers_only(tmp_path, monkey
     """A checkout, a mirror, the shared /etc copy or uv's downloads listing is made under a staging
     name and renamed into place: one whose maker was SIGKILLed is removed by gc; a live maker's (this process's) and the
     finished entries are kept."""
-    from sandboxes.cleanup import reap_stale
-    from sandboxes.paths import cache_dir
-    from sandboxes.reaper import staging_path
+    from patchgym.sandboxes.cleanup import reap_stale
+    from patchgym.sandboxes.paths import cache_dir
+    from patchgym.sandboxes.reaper import staging_path
 
     home = tmp_path / "home"
     monkeypatch.setenv("PATCHGYM_HOME", str(home))
-    maker = _start("import os, sys\nfrom pathlib import Path\nfrom sandboxes.reaper import staging_path\n"
-                   "from sandboxes.paths import cache_dir\n"
+    maker = _start("import os, sys\nfrom pathlib import Path\nfrom patchgym.sandboxes.reaper import staging_path\n"
+                   "from patchgym.sandboxes.paths import cache_dir\n"
                    "for kind, name in (('checkouts', 'ab-0123'), ('mirrors', 'ab.git'), ('etc-shared', 'k')):\n"
                    "    half = staging_path(cache_dir(kind) / name)\n"
                    "    (half / 'sub').mkdir(parents=True)\n"
@@ -409,7 +409,7 @@ def test_gc_removes_half_made_cache_entries_of_dead_makers_only(tmp_path, monkey
 
 
 def test_gc_keeps_an_environment_of_the_layout_before_attempts(tmp_path, monkeypatch):
-    from sandboxes.environments import reap_attempts
+    from patchgym.sandboxes.environments import reap_attempts
 
     monkeypatch.setenv("PATCHGYM_HOME", str(tmp_path / "home"))
     root = tmp_path / "home" / "envs" / "fedcba9876543210"
@@ -427,8 +427,8 @@ def test_a_sandbox_made_in_a_thread_that_ends_lives_on(tmp_path, calc_repo):
 
     from conftest import calc_task_row
 
-    from gym_envs import load_tasks
-    from tasks.backends import make_sandbox
+    from patchgym import load_tasks
+    from patchgym.tasks.backends import make_sandbox
 
     repo, info = calc_repo
     tasks = tmp_path / "t.jsonl"

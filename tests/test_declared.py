@@ -1,11 +1,11 @@
-"""Which XFAILs and skips a test's own file declares (gym_envs.grading.declared), and grading by it."""
+"""Which XFAILs and skips a test's own file declares (grading.declared), and grading by it."""
 
 from __future__ import annotations
 
 import textwrap
 
-from gym_envs.grading.declared import DeclaredTests, conftests_of, files_of
-from gym_envs.grading.outcome import TestStatus, grade
+from patchgym.grading.declared import DeclaredTests, conftests_of, files_of
+from patchgym.grading.outcome import TestStatus, grade
 
 SOURCE = textwrap.dedent('''
     import pytest

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sandboxes import EnvironmentBuildError, EnvironmentSpec
-from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL
+from patchgym.sandboxes import EnvironmentBuildError, EnvironmentSpec
+from patchgym.sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL
 
 
 def test_each_environment_gets_a_release_whose_python_fits(monkeypatch):
     """No Docker needed: the choice reads the known releases and the base images' labels."""
-    from sandboxes.docker import images
+    from patchgym.sandboxes.docker import images
 
     monkeypatch.setattr(images, "_base_pythons", lambda: {})
     monkeypatch.setattr(images, "DEFAULT_RELEASE", "bookworm")
@@ -43,7 +43,7 @@ def test_each_environment_gets_a_release_whose_python_fits(monkeypatch):
 def test_a_base_image_with_other_packages_is_bootstrapped_again_from_its_mirror(monkeypatch):
     """No Docker needed: a base made before BASE_PACKAGES changed (no compiler) is rebuilt, from the
     mirror it came from (an Ubuntu base must not be rebuilt from the Debian mirror)."""
-    from sandboxes.docker import images
+    from patchgym.sandboxes.docker import images
 
     class Image:
         def __init__(self, labels):
@@ -63,7 +63,7 @@ def test_a_base_image_with_other_packages_is_bootstrapped_again_from_its_mirror(
 
 def test_ubuntu_releases_are_bootstrapped_with_universe(tmp_path, monkeypatch):
     """jammy (Python 3.10) failed: python3-venv is in Ubuntu's universe, not main."""
-    from sandboxes.docker import images
+    from patchgym.sandboxes.docker import images
 
     (tmp_path / "gutsy").write_text("")
     (tmp_path / "sid").write_text("")
@@ -76,7 +76,7 @@ def test_ubuntu_releases_are_bootstrapped_with_universe(tmp_path, monkeypatch):
 
 
 def test_host_mirror_reads_deb822_and_one_line_sources(tmp_path):
-    from sandboxes.docker.images import DEFAULT_MIRROR, host_mirror
+    from patchgym.sandboxes.docker.images import DEFAULT_MIRROR, host_mirror
 
     assert host_mirror(apt_dir=tmp_path) == DEFAULT_MIRROR
     (tmp_path / "sources.list.d").mkdir()
@@ -93,7 +93,7 @@ def test_host_mirror_reads_deb822_and_one_line_sources(tmp_path):
 
 @pytest.fixture(scope="module")
 def client(docker_base):  # skips (or fails under PATCHGYM_REQUIRE_DOCKER=1) without an engine
-    from sandboxes.docker.client import docker_client
+    from patchgym.sandboxes.docker.client import docker_client
 
     return docker_client()
 
@@ -106,7 +106,7 @@ def run(client, image: str, command: str) -> str:
 
 @pytest.fixture(scope="module")
 def env_tag(client, calc_task):
-    from sandboxes.docker.images import environment_image
+    from patchgym.sandboxes.docker.images import environment_image
 
     return environment_image(calc_task.environment.to_spec())
 
@@ -137,7 +137,7 @@ def test_base_image_trusts_the_hosts_cas(client, docker_base):
 
 @pytest.mark.slow
 def test_environment_image_is_built_once_and_has_pytest(client, calc_task, env_tag):
-    from sandboxes.docker.images import environment_image
+    from patchgym.sandboxes.docker.images import environment_image
 
     assert env_tag.startswith("patchgym/env:") and len(env_tag.split(":")[1]) == 16
     image = client.images.get(env_tag)
@@ -163,8 +163,8 @@ def test_environment_image_is_built_once_and_has_pytest(client, calc_task, env_t
 
 @pytest.mark.slow
 def test_instance_image_has_no_history_after_base(client, calc_task, calc_repo, env_tag):
-    from sandboxes.docker.images import instance_image
-    from tasks.backends import sandbox_spec
+    from patchgym.sandboxes.docker.images import instance_image
+    from patchgym.tasks.backends import sandbox_spec
 
     _, info = calc_repo
     spec = sandbox_spec(calc_task)
@@ -191,7 +191,7 @@ def test_instance_image_has_no_history_after_base(client, calc_task, calc_repo, 
 
 @pytest.mark.slow
 def test_python_constraint_mismatch_is_a_clear_error(docker_base):
-    from sandboxes.docker.images import environment_image
+    from patchgym.sandboxes.docker.images import environment_image
 
     with pytest.raises(EnvironmentBuildError, match=r"bookworm provides Python 3\.11.*'==3\.9'"):
         environment_image(EnvironmentSpec(python="==3.9", packages=("pytest==8.3.5",)), release="bookworm")
@@ -208,7 +208,7 @@ def _tiny_tar() -> bytes:
 
 @pytest.mark.slow
 def test_list_and_prune_touch_only_labelled_images(client, docker_base, env_tag):
-    from sandboxes.docker.images import list_images, prune_images
+    from patchgym.sandboxes.docker.images import list_images, prune_images
 
     run_id = uuid.uuid4().hex[:8]
     kind = f"test-{run_id}"  # a kind of our own, so a real prune cannot touch anyone else's images
@@ -257,7 +257,7 @@ def test_list_and_prune_touch_only_labelled_images(client, docker_base, env_tag)
 
 @pytest.mark.slow
 def test_build_steps_get_the_hosts_pip_variables_minus_missing_paths(client, docker_base, monkeypatch, tmp_path):
-    from sandboxes.docker.images import BuildContainer
+    from patchgym.sandboxes.docker.images import BuildContainer
 
     monkeypatch.setenv("PIP_FIND_LINKS", "/no/such/wheels https://wheels.example/simple")
     monkeypatch.setenv("PIP_CONSTRAINT", "/no/such/constraints.txt")
@@ -276,7 +276,7 @@ def test_build_steps_get_the_hosts_pip_variables_minus_missing_paths(client, doc
 
 @pytest.mark.slow
 def test_cli_build_list_and_errors(client, calc_tasks_file):
-    from cli import app, common
+    from patchgym.cli import app, common
 
     common.out.width = common.console.width = 300
     runner = CliRunner()

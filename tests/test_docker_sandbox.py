@@ -11,22 +11,22 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-import gym_envs  # noqa: F401
-from sandboxes.base import SandboxError
-from sandboxes.docker.client import owner_id
-from sandboxes.limits import ResourceLimits
-from tasks.backends import sandbox_spec
+import patchgym.gym_envs  # noqa: F401
+from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.docker.client import owner_id
+from patchgym.sandboxes.limits import ResourceLimits
+from patchgym.tasks.backends import sandbox_spec
 
 
 @pytest.fixture(scope="module")
 def docker(docker_base):
-    from sandboxes.docker import docker_client
+    from patchgym.sandboxes.docker import docker_client
 
     return docker_client()
 
 
 def test_container_has_limits_labels_and_no_network(docker, calc_task):
-    from sandboxes.docker import DockerSandbox
+    from patchgym.sandboxes.docker import DockerSandbox
 
     sb = DockerSandbox(sandbox_spec(calc_task), limits=ResourceLimits(memory_bytes=512 << 20, max_processes=64))
     try:
@@ -45,7 +45,7 @@ def test_container_has_limits_labels_and_no_network(docker, calc_task):
 
 
 def test_lifetime_is_enforced_by_the_container_itself(docker, calc_task):
-    from sandboxes.docker import DockerSandbox
+    from patchgym.sandboxes.docker import DockerSandbox
 
     sb = DockerSandbox(sandbox_spec(calc_task), lifetime=3)
     cid = sb.container.id
@@ -65,12 +65,12 @@ def test_a_killed_client_takes_its_containers_with_it(docker, calc_tasks_file):
     with its streams, and the engine removes them; nothing waits for gc or the lifetime."""
     script = ("import os, sys, time\n"
               f"sys.path[:0] = [{str(Path(__file__).parents[1])!r}]\n"
-              "from tasks.backends import make_sandbox\n"
-              "from tasks.model import load_tasks\n"
+              "from patchgym.tasks.backends import make_sandbox\n"
+              "from patchgym.tasks.model import load_tasks\n"
               f"task = load_tasks({str(calc_tasks_file)!r})[0]\n"
               "make_sandbox(task, 'docker', pool_size=1).close()\n"
               "sb = make_sandbox(task, 'docker', pool_size=1)\n"  # a task seen twice is kept warm
-              "from sandboxes.docker import shared_pool\n"
+              "from patchgym.sandboxes.docker import shared_pool\n"
               "pool = shared_pool(1)\n"
               "while not pool.waiting(): time.sleep(0.05)\n"  # the next sandbox, started ahead
               "print(os.getpid(), sb.container.id, *(i[0].id for q in pool._ready.values() for i in q), flush=True)\n"
@@ -92,7 +92,7 @@ def test_a_killed_client_takes_its_containers_with_it(docker, calc_tasks_file):
 
 
 def test_warm_pool_hands_out_started_containers(docker, calc_task):
-    from sandboxes.docker import DockerSandbox, WarmPool
+    from patchgym.sandboxes.docker import DockerSandbox, WarmPool
 
     spec = sandbox_spec(calc_task)
     first = DockerSandbox(spec)  # resolves (and builds) the image
@@ -118,7 +118,7 @@ def test_warm_pool_hands_out_started_containers(docker, calc_task):
 
 
 def test_warm_pool_lets_go_of_what_nobody_takes_and_skips_dead_containers(docker, calc_task):
-    from sandboxes.docker import DockerSandbox, WarmPool
+    from patchgym.sandboxes.docker import DockerSandbox, WarmPool
 
     spec = sandbox_spec(calc_task)
     first = DockerSandbox(spec)
@@ -148,8 +148,8 @@ def test_warm_pool_lets_go_of_what_nobody_takes_and_skips_dead_containers(docker
 
 
 def test_make_sandbox_uses_the_shared_pool_unless_turned_off(docker, calc_task, monkeypatch):
-    import sandboxes.docker.pool as pools
-    from tasks.backends import make_sandbox
+    import patchgym.sandboxes.docker.pool as pools
+    from patchgym.tasks.backends import make_sandbox
 
     monkeypatch.setattr(pools, "_pools", {})
     monkeypatch.setenv("PATCHGYM_DOCKER_POOL", "0")
@@ -177,8 +177,8 @@ def _pool_containers(pool) -> list[str]:
 
 
 def test_gc_removes_only_patchgym_containers_of_dead_owners(docker, docker_base):
-    from sandboxes.docker import gc_containers
-    from sandboxes.docker.client import owner_id
+    from patchgym.sandboxes.docker import gc_containers
+    from patchgym.sandboxes.docker.client import owner_id
 
     host = owner_id().split(":")[0]
     common = {"detach": True, "command": ["sleep", "300"]}
@@ -217,7 +217,7 @@ def test_repo_env_on_docker_resolves_the_gold_fix(docker, calc_tasks_file, calc_
 
 
 def test_commands_cannot_reach_the_command_server_or_its_pristine_copy(docker, calc_task):
-    from sandboxes.docker import DockerSandbox
+    from patchgym.sandboxes.docker import DockerSandbox
 
     sb = DockerSandbox(sandbox_spec(calc_task))
     try:
@@ -249,7 +249,7 @@ def test_commands_cannot_reach_the_command_server_or_its_pristine_copy(docker, c
 def test_nothing_a_command_starts_survives_it(docker, calc_task):
     """Not a process that closed its output first (no pipe left to wait on), nor a zombie: when a
     command ends, its server (pid 1) is the only process left in the container."""
-    from sandboxes.docker import DockerSandbox
+    from patchgym.sandboxes.docker import DockerSandbox
 
     sb = DockerSandbox(sandbox_spec(calc_task))
     try:
@@ -264,7 +264,7 @@ def test_nothing_a_command_starts_survives_it(docker, calc_task):
 
 
 def test_exec_reports_cpu_and_the_sandbox_its_usage(docker, calc_task):
-    from sandboxes.docker import DockerSandbox
+    from patchgym.sandboxes.docker import DockerSandbox
 
     sb = DockerSandbox(sandbox_spec(calc_task))
     try:
@@ -281,11 +281,11 @@ def test_exec_reports_cpu_and_the_sandbox_its_usage(docker, calc_task):
 def test_grading_commands_use_no_warm_pool_unless_asked(monkeypatch):
     """eval, tasks validate and the like grade each image about once: a container started ahead
     is wasted and competes with the tests (bench/docker_pool.py); PATCHGYM_DOCKER_POOL asks for one."""
-    import tasks.backends
-    from cli import common
+    import patchgym.tasks.backends as task_backends
+    from patchgym.cli import common
 
     seen = []
-    monkeypatch.setattr(tasks.backends, "sandbox_factory", lambda backend, **options: seen.append(options) or print)
+    monkeypatch.setattr(task_backends, "sandbox_factory", lambda backend, **options: seen.append(options) or print)
     monkeypatch.setattr(common, "reap", lambda **_: {})
     monkeypatch.delenv("PATCHGYM_DOCKER_POOL", raising=False)
     common.make_verifier("docker", "auto")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gym_envs.envs.tools import StrReplaceEditor, ToolError
+from patchgym.gym_envs.tools import StrReplaceEditor, ToolError
 
 CALC = "calc/__init__.py"
 CALC_TEXT_START = '"""Small numeric helpers."""\n\n\ndef clamp(x, lo, hi):\n'
@@ -514,7 +514,7 @@ def test_sandbox_os_errors_become_tool_errors(calc_sandbox, error, expected):
 
 
 def test_sandbox_path_refusal_becomes_tool_error(calc_sandbox):
-    from sandboxes import PathOutsideWorkspaceError
+    from patchgym.sandboxes import PathOutsideWorkspaceError
 
     editor = StrReplaceEditor(_FailingReads(calc_sandbox, PathOutsideWorkspaceError("symlink")))
     assert "outside the repository" in error_of(editor, command="view", path=CALC)

@@ -10,11 +10,11 @@ import sys
 import pytest
 from conftest import PYTEST_PIN, calc_task_row
 
-from gym_envs import Verifier, load_tasks
-from sandboxes import EnvironmentBuildError, EnvironmentSpec
-from sandboxes.environments import ensure_environment, find_interpreter
-from sandboxes.isolation import bwrap_path
-from tasks.backends import make_sandbox
+from patchgym import Verifier, load_tasks
+from patchgym.sandboxes import EnvironmentBuildError, EnvironmentSpec
+from patchgym.sandboxes.environments import ensure_environment, find_interpreter
+from patchgym.sandboxes.isolation import bwrap_path
+from patchgym.tasks.backends import make_sandbox
 
 
 def _task(tmp_path, calc_repo, **overrides):
@@ -36,7 +36,7 @@ def test_interpreter_choice():
 def test_the_running_interpreter_is_chosen_without_starting_the_others(monkeypatch):
     """Probing every Python on a host starts each one twice (1.7 s for 17 candidates here), and the
     running interpreter is preferred whenever it fits: it is taken without asking the others."""
-    from sandboxes import environments
+    from patchgym.sandboxes import environments
 
     def probe_all(wanted):
         raise AssertionError("probed the other interpreters")
@@ -47,7 +47,7 @@ def test_the_running_interpreter_is_chosen_without_starting_the_others(monkeypat
 
 
 def test_uv_managed_interpreters_are_candidates_and_a_failed_download_is_explained(tmp_path, monkeypatch):
-    from sandboxes import environments
+    from patchgym.sandboxes import environments
 
     managed = tmp_path / "uv-python" / "cpython-3.99.0-linux-x86_64-gnu" / "bin"
     managed.mkdir(parents=True)
@@ -133,7 +133,7 @@ def test_environment_build_failure_is_an_infrastructure_failure(tmp_path, calc_r
 
 
 def test_unknown_repository_is_a_clear_error(tmp_path, calc_repo):
-    from gym_envs import TaskFileError
+    from patchgym import TaskFileError
 
     task = _task(tmp_path, calc_repo, repo_path="nowhere/repo.bundle")
     with pytest.raises(TaskFileError, match="repo_path 'nowhere/repo.bundle' does not exist"):

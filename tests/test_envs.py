@@ -9,9 +9,8 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import gym_envs  # noqa: F401  (registers the environments)
-from gym_envs import TrajectoryRecorder
-from gym_envs.envs import RepoEnv
+import patchgym.gym_envs  # noqa: F401  (registers the environments)
+from patchgym.gym_envs import RepoEnv, TrajectoryRecorder
 
 
 def bash(command: str) -> dict:

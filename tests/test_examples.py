@@ -25,7 +25,7 @@ def test_oracle_agent_resolves_every_bundled_task_through_the_editor():
 def test_oracle_agent_resolves_every_served_task_through_remote_env(calc_tasks_file):
     """``--url`` runs the same oracle over HTTP (patchgym/Remote-v0). The server's output limit is
     tiny here, so whole-file reads come back cut and the oracle must read in chunks."""
-    from server.app import create_app
+    from patchgym.server.app import create_app
     from tests.serving import serve
 
     oracle = [sys.executable, str(ROOT / "examples" / "oracle_agent.py"), "--tasks", str(calc_tasks_file)]

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs.grading.patch_apply import apply_patch
-from gym_envs.grading.patches import (
+from patchgym.grading.patch_apply import apply_patch
+from patchgym.grading.patches import (
     COMPILED,
     MAX_BINARY_BLOCK,
     PatchError,
@@ -37,11 +37,11 @@ from gym_envs.grading.patches import (
     filter_agent_patch,
     parse_patch,
 )
-from gym_envs.grading.pytest_runtime import bootstrap
-from gym_envs.grading.testrun import TestRun, run_tests
-from gym_envs.grading.verifier import Verifier
-from tasks.backends import sandbox_factory
-from tasks.model import Task
+from patchgym.grading.pytest_runtime import bootstrap
+from patchgym.grading.testrun import TestRun, run_tests
+from patchgym.grading.verifier import Verifier
+from patchgym.tasks.backends import sandbox_factory
+from patchgym.tasks.model import Task
 from tests.test_reward_forgery import (
     Ignored,
     NoEffect,
@@ -149,7 +149,7 @@ BESIDE_GOLD = ("unchecked_pycache", "sourceless_beside_gold", "native_name")
 
 @pytest.fixture(scope="module")
 def task() -> Task:
-    from gym_envs import load_task_set
+    from patchgym import load_task_set
 
     return load_task_set(None).get(TASK_ID)
 
@@ -269,7 +269,7 @@ def test_installed_code_reads_its_own_bytecode_and_the_tree_still_does_not(keep,
     import subprocess
     import sys
 
-    from gym_envs.grading.pytest_runtime import RUNTIME_DIR
+    from patchgym.grading.pytest_runtime import RUNTIME_DIR
 
     workspace, installed = tmp_path / "testbed", tmp_path / "venv" / "site-packages"
     forged = 'VALUE = "forged cache"\n'
@@ -470,7 +470,7 @@ def test_the_compile_script_writes_only_checked_hash_pycs_at_the_imported_paths(
     import subprocess
     import sys
 
-    from sandboxes.bytecode import COMPILER
+    from patchgym.sandboxes.bytecode import COMPILER
 
     tree, prefix = tmp_path / "checkout", tmp_path / "prefix"
     (tree / "pkg").mkdir(parents=True)
@@ -517,7 +517,7 @@ def test_the_local_prefix_is_read_only_to_everything_the_agent_runs(local_sandbo
     """A forged pyc cannot be put in the prefix: the agent's patch applies inside the workspace
     (paths leaving it are refused by the parser), and no command in the sandbox (the agent's, or the
     code under test at grading) can write to it: it is bound read-only."""
-    from sandboxes.bytecode import PREFIX_ENV
+    from patchgym.sandboxes.bytecode import PREFIX_ENV
 
     if not local_sandbox.isolated:
         pytest.skip("the local backend without bubblewrap contains nothing (and names no prefix)")
@@ -587,7 +587,7 @@ def test_the_docker_prefix_is_in_the_image_root_owned_and_read_by_the_graded_run
     """Docker: the instance image holds the prefix outside /testbed, root's, named in the image's
     environment; commands (uid 1000, the agent's and the code under test's) cannot write to it, and
     the graded run uses it."""
-    from sandboxes.bytecode import PREFIX_ENV
+    from patchgym.sandboxes.bytecode import PREFIX_ENV
 
     sandbox = sandbox_factory("docker")(task)
     try:

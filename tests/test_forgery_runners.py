@@ -35,13 +35,13 @@ from pathlib import Path
 import pytest
 from conftest import PYTEST_PIN, git
 
-from gym_envs import load_tasks
-from gym_envs.grading import runners
-from gym_envs.grading.outcome import TestStatus
-from gym_envs.grading.testrun import run_tests
-from gym_envs.grading.verifier import Verifier
-from tasks.backends import sandbox_factory
-from tasks.model import Task, TestSpec
+from patchgym import load_tasks
+from patchgym.grading import runners
+from patchgym.grading.outcome import TestStatus
+from patchgym.grading.testrun import run_tests
+from patchgym.grading.verifier import Verifier
+from patchgym.tasks.backends import sandbox_factory
+from patchgym.tasks.model import Task, TestSpec
 from tests.test_reward_forgery import AnyOf, Error, NoEffect, Tampering, assert_refused, describe, report_dict
 from tests.test_swebench_io import RUNTESTS, FakeSandbox
 
@@ -363,12 +363,12 @@ def test_gold_with_a_payload_is_tampering(name, runner_tasks):
 def test_runner_ids_are_the_parsers_ids(runner_tasks):
     """Django ids in both Pythons' wordings and by docstring line, SymPy ids by bare name, as the
     output parsers give them; a failing test is a failure."""
-    from tasks.backends import make_sandbox
+    from patchgym.tasks.backends import make_sandbox
 
     task = runner_tasks["django"]
     sandbox = make_sandbox(task)
     try:
-        from gym_envs.grading.patch_apply import apply_patch
+        from patchgym.grading.patch_apply import apply_patch
 
         assert apply_patch(sandbox, task.test_patch, fuzzy=False) is not None
         run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS,
@@ -412,7 +412,7 @@ def test_an_interpreter_too_old_for_the_runtime_falls_back_to_the_output():
 def test_canaries_take_the_runners_style():
     """Django canaries are methods of the hidden test's own class, SymPy canaries module functions
     among the module's own; names made of the module's test-name words, never a requested name."""
-    from gym_envs.grading import script_canaries
+    from patchgym.grading import script_canaries
 
     source = (FIXTURES / "djangoish" / "tests" / "arith" / "tests.py").read_bytes()
     target = script_canaries.django_target(["Adding zero changes nothing.", "test_add (arith.tests.ArithTests)"],
@@ -447,7 +447,7 @@ def test_django_canaries_run_in_a_class_whose_decorators_pass_arguments():
     raised TypeError, and gold was called tampering. Each canary must still have its outcome."""
     import unittest
 
-    from gym_envs.grading import script_canaries
+    from patchgym.grading import script_canaries
 
     source = textwrap.dedent("""\
         import os
@@ -524,7 +524,7 @@ _pg_unittest.TestCase.__init__ = _pg_xfail_init
 def test_a_runtime_xfail_is_no_pass_without_canaries(payload, runner_tasks, monkeypatch):
     """With the canaries off: a run-time expected failure of a hidden test is no pass (the XFAIL is
     not declared in its file), or was reported passed although it raised (tampering)."""
-    from gym_envs.grading import testrun
+    from patchgym.grading import testrun
 
     monkeypatch.setattr(testrun, "_place_script_canaries", lambda *args: None)
     task = runner_tasks["django"]

@@ -15,11 +15,11 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-from gym_envs import load_task_set
-from sandboxes import SandboxError, WorkspaceError, gitops
-from sandboxes.gitops import Pristine
-from tasks.catalog import TaskSet
-from tasks.model import Task
+from patchgym import load_task_set
+from patchgym.sandboxes import SandboxError, WorkspaceError, gitops
+from patchgym.sandboxes.gitops import Pristine
+from patchgym.tasks.catalog import TaskSet
+from patchgym.tasks.model import Task
 from tests.test_reward_forgery import SUBMIT, Error, _git, assert_refused, episode_report, play
 
 TASK_ID = "patchgym__semverkit-1"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gym_envs.grading.outcome import JunitError, TestStatus, grade, lookup, parse_junit
+from patchgym.grading.outcome import JunitError, TestStatus, grade, lookup, parse_junit
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="7">

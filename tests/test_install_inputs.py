@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes.install_inputs import install_inputs_digest, shareable_install
+from patchgym.sandboxes.install_inputs import install_inputs_digest, shareable_install
 
 BASE = [("pyproject.toml", "a1"), ("README.md", "b1"), ("src/pkg/__init__.py", "c1"), ("src/pkg/core.py", "d1"),
         ("tests/test_core.py", "e1"), ("requirements/dev.txt", "f1")]

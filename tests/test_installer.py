@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import installer
-from sandboxes.base import EnvironmentBuildError
-from sandboxes.environments import install_packages, venv_environ
+from patchgym.sandboxes import installer
+from patchgym.sandboxes.base import EnvironmentBuildError
+from patchgym.sandboxes.environments import install_packages, venv_environ
 
 
 def test_pip_settings_merge_files_and_variables_as_pip_does(tmp_path):
@@ -71,7 +71,7 @@ def test_uv_installs_from_the_hosts_find_links(tmp_path, wheel_dir, monkeypatch)
 
 def test_a_failing_uv_falls_back_to_pip_and_says_so(tmp_path, wheel_dir, monkeypatch):
     monkeypatch.setattr(installer, "uv_executable", lambda: "/bin/false")
-    monkeypatch.setattr("sandboxes.environments.uv_executable", lambda: "/bin/false")
+    monkeypatch.setattr("patchgym.sandboxes.environments.uv_executable", lambda: "/bin/false")
     monkeypatch.setenv("PATCHGYM_INSTALLER", "auto")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

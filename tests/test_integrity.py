@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from gym_envs.grading import integrity
-from gym_envs.grading.outcome import TestStatus
-from gym_envs.grading.testrun import run_tests
+from patchgym.grading import integrity
+from patchgym.grading.outcome import TestStatus
+from patchgym.grading.testrun import run_tests
 
 
 def test_canaries_come_in_random_numbers_and_do_what_they_claim():

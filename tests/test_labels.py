@@ -1,4 +1,4 @@
-"""Outcome labels (gym_envs.grading.labels): each label from a real grading, one vocabulary in every
+"""Outcome labels (grading.labels): each label from a real grading, one vocabulary in every
 report; tests that cannot start are never tampering."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs import Verifier, load_tasks
-from gym_envs.grading import labels
-from gym_envs.grading.labels import Outcome
-from gym_envs.grading.verifier import InstanceReport
-from gym_envs.making.validation import validate_task
+from patchgym import Verifier, load_tasks
+from patchgym.grading import labels
+from patchgym.grading.labels import Outcome
+from patchgym.grading.verifier import InstanceReport
+from patchgym.making.validation import validate_task
 from tests.conftest import FIXTURES, calc_task_row, git
 
 BROKEN = FIXTURES / "broken_start"
@@ -116,7 +116,7 @@ def test_forged_results_are_tampering(verifier, calc_task):
 
 
 def test_build_and_infrastructure_failures_are_told_apart(calc_task):
-    from sandboxes import EnvironmentBuildError, SandboxError
+    from patchgym.sandboxes import EnvironmentBuildError, SandboxError
 
     def build_fails(task):
         raise EnvironmentBuildError("pip install failed")
@@ -185,10 +185,10 @@ def test_a_collection_error_could_not_start(verifier, calc_task):
 def test_the_same_label_in_repo_env_info_and_the_eval_run_report(calc_tasks_file, calc_task, verifier, tmp_path):
     import gymnasium as gym
 
-    import gym_envs  # noqa: F401  (registers the environments)
-    from gym_envs.grading.evaluation import evaluate
-    from tasks.catalog import load_task_set
-    from tasks.predictions import Prediction
+    import patchgym.gym_envs  # noqa: F401  (registers the environments)
+    from patchgym.grading.evaluation import evaluate
+    from patchgym.tasks.catalog import load_task_set
+    from patchgym.tasks.predictions import Prediction
 
     env = gym.make("patchgym/RepoEnv-v0", tasks=str(calc_tasks_file), max_steps=5)
     try:

@@ -1,59 +1,50 @@
-"""The layers import one way, and no modules import each other (docs/architecture.md):
+"""The floors of the house import one way, and no modules import each other (docs/architecture.md):
 
-    sandboxes -> tasks -> gym_envs.grading -> gym_envs.envs | gym_envs.making -> gym_envs.rollouts
-      -> server -> cli
+    sandboxes -> tasks -> grading -> gym_envs | making -> rollouts -> server -> cli
 
-A module may import its own layer and the ones before it, never one after it (imports inside
-functions included: a lazy import that runs up a layer is still a dependency that runs up);
-``gym_envs.envs`` and ``gym_envs.making`` are side by side and do not import each other. The
-top-level folders show the same order: each holds a run of consecutive layers, and no folder
-imports one after it.
+Each folder is one floor of the one import package ``patchgym``. A module may import its own floor
+and the ones below it, never one above (imports inside functions included: a lazy import that runs
+up is still a dependency that runs up); ``gym_envs`` and ``making`` are side by side and do not
+import each other. The package itself (the root ``__init__.py``) imports none of them.
 """
 
 from __future__ import annotations
 
 import ast
-import itertools
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sandboxes", "tasks", "gym_envs", "server", "cli")  # the folders, in the layers' order
-# (module prefix, layer, group): the longest matching prefix decides.
-LAYERS = [
-    ("sandboxes", 0, "sandboxes"),
-    ("tasks", 1, "tasks"),
-    ("gym_envs.grading", 2, "grading"),
-    ("gym_envs.envs", 3, "envs"),
-    ("gym_envs.making", 3, "making"),
-    ("gym_envs.rollouts", 4, "rollouts"),
-    ("server", 5, "server"),
-    ("cli", 6, "cli"),
-]
+PACKAGE = "patchgym"
+# folder -> floor; floors side by side share a number.
+FLOORS = {"sandboxes": 0, "tasks": 1, "grading": 2, "gym_envs": 3, "making": 3, "rollouts": 4, "server": 5, "cli": 6}
+# Modules copied into sandboxes and run there by another interpreter, as scripts or as the package
+# ``pgrt``: they import nothing of patchgym by name (what they share, they import relatively).
+SANDBOX_SIDE = ("patchgym.grading.pytest_runtime", "patchgym.sandboxes.sandbox_init",
+                "patchgym.sandboxes.docker.diff_helper", "patchgym.sandboxes.bytecode_compile",
+                "patchgym.making.synth.reach_plugin", "patchgym.sandboxes.base", "patchgym.sandboxes.files",
+                "patchgym.sandboxes.output", "patchgym.sandboxes.process", "patchgym.sandboxes.gitops")
 
 
-def layer_of(module: str) -> tuple[int, str] | None:
-    best = None
-    for prefix, layer, group in LAYERS:
-        if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[0])):
-            best = (prefix, layer, group)
-    return None if best is None else best[1:]
+def floor_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == PACKAGE and parts[1] in FLOORS else None
 
 
 def modules() -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
+    """Every module of the package, by its installed name."""
+    found = {PACKAGE: ROOT / "__init__.py", f"{PACKAGE}.__main__": ROOT / "__main__.py"}
+    for folder in FLOORS:
+        for path in (ROOT / folder).rglob("*.py"):
             parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
+            found[".".join((PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
     return found
 
 
 def imports(name: str, path: Path, known: set[str], *, top_level_only: bool) -> set[str]:
-    """The project modules ``name`` imports (``from a import b`` counts as ``a.b`` when that is a
-    module); only module-level statements with ``top_level_only`` (what runs at import time)."""
+    """The names ``name`` imports (``from a import b`` counts as ``a.b`` when that is a module);
+    only module-level statements with ``top_level_only`` (what runs at import time)."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     nodes = tree.body if top_level_only else list(ast.walk(tree))
@@ -62,73 +53,77 @@ def imports(name: str, path: Path, known: set[str], *, top_level_only: bool) -> 
         if isinstance(node, ast.If) and top_level_only and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
-        else:
-            continue
-        out |= {t for t in targets if t.split(".")[0] in PACKAGES}
+            out |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names}
     return out
 
 
-def test_every_module_has_a_layer():
-    assert [m for m in modules() if layer_of(m) is None] == ["gym_envs"], \
-        "a module outside every layer (only the gym_envs package itself may be)"
+def project_imports(name: str, path: Path, known: set[str], *, top_level_only: bool = False) -> set[str]:
+    return {t for t in imports(name, path, known, top_level_only=top_level_only) if t.split(".")[0] == PACKAGE}
 
 
-def test_the_gym_envs_package_imports_nothing_of_the_project():
-    """``import gym_envs`` happens before any of its layers is imported; it must not pull them in."""
+def test_every_module_is_on_a_floor():
+    assert sorted(m for m in modules() if floor_of(m) is None) == [PACKAGE, f"{PACKAGE}.__main__"]
+
+
+def test_the_package_itself_imports_nothing_of_its_floors():
+    """``import patchgym.sandboxes`` runs the root ``__init__.py`` first: it must pull in no floor
+    (its public names load on first use)."""
     known = set(modules())
-    assert imports("gym_envs", ROOT / "gym_envs" / "__init__.py", known, top_level_only=False) == set()
+    assert project_imports(PACKAGE, ROOT / "__init__.py", known) == set()
 
 
-def test_imports_point_down_the_layers():
+def test_imports_name_the_one_package():
+    """The folders are ``patchgym``'s subpackages once installed: ``import sandboxes`` works only
+    from the checkout's root, and would shadow (or be shadowed by) a user's own ``tasks``."""
+    names = set(FLOORS) | {"gym_envs"}
+    wrong = [f"{name} imports {target}" for name, path in sorted(modules().items())
+             for target in sorted(imports(name, path, set(), top_level_only=False))
+             if target.split(".")[0] in names]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_imports_point_down_the_floors():
     found = modules()
     known = set(found)
     wrong = []
     for name, path in sorted(found.items()):
-        mine = layer_of(name)
+        mine = floor_of(name)
         if mine is None:
             continue
-        for target in sorted(imports(name, path, known, top_level_only=False)):
-            theirs = layer_of(target)
+        for target in sorted(project_imports(name, path, known)):
+            theirs = floor_of(target)
             if theirs is None:
-                wrong.append(f"{name} imports {target} (the gym_envs package: import from its layers)")
-            elif theirs[0] > mine[0] or (theirs[0] == mine[0] and theirs[1] != mine[1]):
-                wrong.append(f"{name} ({mine[1]}) imports {target} ({theirs[1]})")
+                wrong.append(f"{name} imports {target} (the package itself: import from its floors)")
+            elif FLOORS[theirs] > FLOORS[mine] or (FLOORS[theirs] == FLOORS[mine] and theirs != mine):
+                wrong.append(f"{name} ({mine}) imports {target} ({theirs})")
     assert not wrong, "\n".join(wrong)
 
 
-def test_each_folder_holds_consecutive_layers_in_order():
-    spans = {}
-    for name in modules():
-        found = layer_of(name)
-        if found is not None:
-            low, high = spans.get(name.split(".")[0], (found[0], found[0]))
-            spans[name.split(".")[0]] = (min(low, found[0]), max(high, found[0]))
-    ordered = [spans[p] for p in PACKAGES]
-    assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered)), f"folders overlap or run back: {spans}"
-
-
-def test_folders_import_down():
-    found = modules()
-    known = set(found)
-    rank = {p: i for i, p in enumerate(PACKAGES)}
-    wrong = [f"{name} imports {target}" for name, path in sorted(found.items())
-             for target in sorted(imports(name, path, known, top_level_only=False))
-             if rank[target.split(".")[0]] > rank[name.split(".")[0]]]
+def test_code_run_inside_sandboxes_imports_nothing_of_patchgym_by_name():
+    wrong = [f"{name} imports {target}" for name, path in sorted(modules().items())
+             if name.startswith(SANDBOX_SIDE) and name != "patchgym.grading.pytest_runtime"
+             for target in sorted(imports(name, path, set(), top_level_only=False))
+             if target.split(".")[0] == PACKAGE and not _relative(path)]
     assert not wrong, "\n".join(wrong)
+
+
+def _relative(path: Path) -> bool:
+    """Whether every import of the package in ``path`` is relative (``from .base import ...``)."""
+    return not any(isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] == PACKAGE
+                   for n in ast.walk(ast.parse(path.read_text())))
 
 
 def test_no_import_circles():
     found = modules()
     known = set(found)
-    graph = {n: imports(n, p, known, top_level_only=True) & known for n, p in found.items()}
+    graph = {n: project_imports(n, p, known, top_level_only=True) & known for n, p in found.items()}
     cycles = strongly_connected(graph)
     assert not cycles, "modules that import each other: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
 

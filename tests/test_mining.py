@@ -10,11 +10,11 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from cli import app
-from cli import common as cli_common
-from gym_envs import load_tasks
-from gym_envs.grading.verifier import Verifier
-from gym_envs.making.mining import (
+from patchgym import load_tasks
+from patchgym.cli import app
+from patchgym.cli import common as cli_common
+from patchgym.grading.verifier import Verifier
+from patchgym.making.mining import (
     Dropped,
     DropReason,
     MiningError,
@@ -27,8 +27,8 @@ from gym_envs.making.mining import (
     resolve_issue_texts,
     resolve_tip,
 )
-from gym_envs.making.registry import RepoRecord, save_repo
-from tasks.model import EnvironmentConfig, TestSpec, save_tasks
+from patchgym.making.registry import RepoRecord, save_repo
+from patchgym.tasks.model import EnvironmentConfig, TestSpec, save_tasks
 
 cli_common.out.width = cli_common.console.width = 300
 

@@ -10,10 +10,10 @@ import time
 import httpx
 import pytest
 
-from server.app import create_app
-from server.nemo_gym import COOKIE
-from server.nemo_gym_dataset import nemo_gym_dataset_rows
-from tasks.catalog import load_task_set
+from patchgym.server.app import create_app
+from patchgym.server.nemo_gym.dataset import nemo_gym_dataset_rows
+from patchgym.server.nemo_gym.routes import COOKIE
+from patchgym.tasks.catalog import load_task_set
 from tests.serving import serve
 from tests.test_server import TASK, apply_via_bash
 
@@ -229,7 +229,7 @@ def test_a_retried_episode_gets_a_fresh_session(http, row):
 
 
 def test_failure_kinds_name_what_the_report_says():
-    from server.nemo_gym_outcome import Outcome, failure_of
+    from patchgym.server.nemo_gym.outcome import Outcome, failure_of
 
     assert failure_of({"resolved": True}) == (False, None, None)
     assert failure_of({"infrastructure_failure": True, "infrastructure_failure_reason": "no disk"}) == (
@@ -265,15 +265,15 @@ def test_cookie_of_another_token_is_404(calc_tasks_file, row):
 
 
 def test_infrastructure_failure_is_masked(calc_tasks_file, row, monkeypatch):
-    import server.core
-    from gym_envs.envs.repo_env import RepoEnv
-    from sandboxes import SandboxError
+    import patchgym.server.core as server_core
+    from patchgym.gym_envs.repo_env import RepoEnv
+    from patchgym.sandboxes import SandboxError
 
     class BrokenEnv(RepoEnv):
         def step(self, action):
             raise SandboxError("the sandbox vanished")
 
-    monkeypatch.setattr(server.core, "RepoEnv", BrokenEnv)
+    monkeypatch.setattr(server_core, "RepoEnv", BrokenEnv)
     with serve(create_app(tasks=calc_tasks_file)) as u, httpx.Client(base_url=u, timeout=120) as c:
         rollout = seeded(c, row)
         r = rollout.post("/bash", {"command": "ls"})
@@ -405,7 +405,7 @@ def _metric(http: httpx.Client, name: str) -> float:
 def test_dataset_rows_are_well_formed(calc_tasks_file, calc_task, tmp_path, http):
     from typer.testing import CliRunner
 
-    from cli import app
+    from patchgym.cli import app
 
     out = tmp_path / "data" / "train.jsonl"
     result = CliRunner().invoke(app, ["tasks", "nemo-gym-dataset", "--output", str(out), "--tasks",

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
-from server.app import create_app
-from server.nemo_gym_setup import LICENSES
+from patchgym.cli import app
+from patchgym.server.app import create_app
+from patchgym.server.nemo_gym.setup import LICENSES
 from tests.serving import free_port, serve, wait_healthy
 from tests.test_server import TASK
 

@@ -28,11 +28,11 @@ from test_reward_forgery import (
     under_pytest,
 )
 
-from gym_envs import load_task_set
-from gym_envs.grading import integrity
-from gym_envs.grading.verifier import Verifier
-from tasks.backends import sandbox_factory
-from tasks.model import Task
+from patchgym import load_task_set
+from patchgym.grading import integrity
+from patchgym.grading.verifier import Verifier
+from patchgym.tasks.backends import sandbox_factory
+from patchgym.tasks.model import Task
 
 TASK_ID = "patchgym__semverkit-1"
 
@@ -329,7 +329,7 @@ def test_a_whole_record_is_believed_and_one_without_the_supervisors_end_is_not()
 
 def test_a_parser_crash_on_the_agents_text_is_not_masked(task, monkeypatch):
     """The patch is the agent's text: even a parser bug it triggers is never an infrastructure failure."""
-    import gym_envs.grading.verifier as verifier_module
+    import patchgym.grading.verifier as verifier_module
 
     def crash(diff, protected):
         raise RecursionError("maximum recursion depth exceeded")
@@ -358,7 +358,7 @@ def test_leaves_a_child_behind():
 def test_the_supervisor_ends_what_the_run_left_and_then_writes_the_results(calc_sandbox, calc_task):
     """An honest run that leaves a double-forked daemon and a child behind: both are killed before
     the supervisor writes the results (its end record counts them), and the run is believed."""
-    from gym_envs.grading.testrun import place_harness_files, run_tests
+    from patchgym.grading.testrun import place_harness_files, run_tests
 
     harness = place_harness_files(calc_sandbox)
     calc_sandbox.write_file("tests/test_daemons.py", DAEMON_TESTS)

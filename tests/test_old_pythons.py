@@ -30,14 +30,14 @@ import pytest
 from conftest import build_calc_repo, calc_task_row
 from pbs_archive import pyenv_cpython
 
-from gym_envs import load_tasks
-from gym_envs.grading import integrity
-from gym_envs.grading.testrun import missing_protections
-from gym_envs.grading.verifier import Verifier
-from sandboxes import python_archives
-from sandboxes.environments import EnvironmentBuildError, EnvironmentSpec, find_interpreter
-from tasks.backends import sandbox_factory
-from tasks.model import Task
+from patchgym import load_tasks
+from patchgym.grading import integrity
+from patchgym.grading.testrun import missing_protections
+from patchgym.grading.verifier import Verifier
+from patchgym.sandboxes import python_archives
+from patchgym.sandboxes.environments import EnvironmentBuildError, EnvironmentSpec, find_interpreter
+from patchgym.tasks.backends import sandbox_factory
+from patchgym.tasks.model import Task
 from tests import test_forgery_runners as runner_forgery
 from tests import test_reward_forgery as forgery
 
@@ -339,7 +339,7 @@ def test_no_bytecode_prefix_is_compiled_for_an_interpreter_without_pycache_prefi
     under 3.7 ``cache_from_source`` ignored the prefix and the environment build wrote checked-hash
     pycs beside the sources, into the interpreter's own stdlib (pyenv's, on the host) and the
     checkout. Now it writes nothing and succeeds: the prefix is empty, nothing looks in it."""
-    from sandboxes.bytecode import COMPILER
+    from patchgym.sandboxes.bytecode import COMPILER
 
     prefix = pyenv_cpython(version)
     if prefix is None:
@@ -390,7 +390,7 @@ def test_the_python_archive_command(old_archives, tmp_path):
     exit status 2 and the reason."""
     from typer.testing import CliRunner
 
-    from cli.app import app
+    from patchgym.cli.app import app
 
     if "3.7" not in old_archives:
         pytest.skip("no pyenv CPython 3.7 on this host to pack")

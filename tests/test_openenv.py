@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from server.app import create_app
+from patchgym.server.app import create_app
 from tests.serving import serve
 from tests.test_server import SUBMIT, TASK, apply_via_bash, bash
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs.grading.patch_apply import apply_patch
-from gym_envs.grading.patches import (
+from patchgym.grading.patch_apply import apply_patch
+from patchgym.grading.patches import (
     MAX_PATCH_BYTES,
     FilePatch,
     PatchError,
@@ -26,7 +26,7 @@ from gym_envs.grading.patches import (
     split_diff,
     touched_paths,
 )
-from sandboxes import ExecResult, SandboxError
+from patchgym.sandboxes import ExecResult, SandboxError
 
 FIX = ("diff --git a/pkg/a.py b/pkg/a.py\n--- a/pkg/a.py\n+++ b/pkg/a.py\n"
        "@@ -1,3 +1,3 @@\n 1\n-2\n+TWO\n 3\n")

@@ -1,49 +1,19 @@
 """A plain ``pip install`` (no extras) serves every protocol the README names: the wheel goes into
-a fresh venv, its ``patchgym serve`` runs, and openenv-core's GenericEnvClient (from the test
-environment) drives an episode over ``/ws`` while NeMo Gym's and the native routes answer too.
+a fresh venv (``plain_venv``, conftest.py), its ``patchgym serve`` runs, and openenv-core's
+GenericEnvClient (from the test environment) drives an episode over ``/ws`` while NeMo Gym's and the native routes answer too.
 Runtime dependencies that only the test extra brought in (websockets, once) fail here."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import venv
-from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.serving import free_port, wait_healthy
 from tests.test_openenv import generic_client_class
 from tests.test_server import TASK, apply_via_bash
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def plain_venv(tmp_path_factory) -> Path:
-    """The project's wheel installed without extras into a venv of its own (dependencies from the
-    package index, as a user's ``pip install .`` gets them)."""
-    work = tmp_path_factory.mktemp("plain")
-    wheels, source = work / "wheels", work / "source"
-    # From a copy: setuptools builds in the source tree's build/, whose leftovers (a module since
-    # moved or deleted) would end up in the wheel and hide a missing file.
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__",
-                                                                ".pytest_cache", ".venv", "runs", "logs"))
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = wheels.glob("patchgym-*.whl")
-    env_dir = work / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-                             capture_output=True, text=True, timeout=900)
-    assert install.returncode == 0, install.stderr[-3000:]
-    return env_dir
 
 
 def test_a_plain_install_serves_openenv_over_websockets(plain_venv, calc_tasks_file, calc_task, tmp_path):

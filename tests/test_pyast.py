@@ -11,7 +11,7 @@ import textwrap
 
 RACE = textwrap.dedent("""
     import ast, gc, sys, threading, time
-    from gym_envs.grading.pyast import parse
+    from patchgym.grading.pyast import parse
     sys.setswitchinterval(1e-6)
     gc.set_threshold(50, 2, 2)
 

@@ -3,7 +3,7 @@
 none of them meets says.
 
 The archives here are made from the CPython running the tests (:mod:`pbs_archive`,
-:func:`sandboxes.python_archives.pack_installation`): this machine
+:func:`patchgym.sandboxes.python_archives.pack_installation`): this machine
 and CI reach no GitHub, and the interpreters they have are 3.9-3.13, so the mechanism is tested
 with the running one's exact version, which no Debian release ships (3.9.2, 3.11.2, 3.13.5).
 """
@@ -16,8 +16,8 @@ import subprocess
 import pytest
 from pbs_archive import host_cpython, make_archive
 
-from sandboxes import EnvironmentBuildError, EnvironmentSpec
-from sandboxes import python_archives as pa
+from patchgym.sandboxes import EnvironmentBuildError, EnvironmentSpec
+from patchgym.sandboxes import python_archives as pa
 
 ARCH = pa.machine_arch()
 
@@ -55,7 +55,7 @@ def test_archive_names_are_read_and_the_newest_fitting_one_is_picked(tmp_path):
 def test_docker_chain_debian_first_then_archives_else_every_place_named(tmp_path, monkeypatch):
     """No Docker needed: the choice reads the known releases, the base images' labels and the
     archive directory's file names."""
-    from sandboxes.docker import images
+    from patchgym.sandboxes.docker import images
 
     monkeypatch.setattr(images, "_base_pythons", lambda: {})
     monkeypatch.setattr(images, "DEFAULT_RELEASE", "bookworm")
@@ -102,7 +102,7 @@ def test_docker_chain_debian_first_then_archives_else_every_place_named(tmp_path
 
 
 def test_local_chain_names_the_archive_directory_when_nothing_fits(tmp_path, monkeypatch):
-    from sandboxes import environments
+    from patchgym.sandboxes import environments
 
     _touch(tmp_path, f"cpython-3.7.17+20230826-{ARCH}-unknown-linux-gnu-install_only.tar.gz")
     monkeypatch.setenv("PATCHGYM_PYTHON_ARCHIVES", str(tmp_path))
@@ -131,8 +131,8 @@ def host_archive(tmp_path_factory):
 
 
 def test_local_backend_installs_an_archive_with_uv_and_refuses_a_misnamed_one(host_archive, tmp_path, monkeypatch):
-    from sandboxes import environments
-    from sandboxes.installer import uv_executable
+    from patchgym.sandboxes import environments
+    from patchgym.sandboxes.installer import uv_executable
 
     if uv_executable() is None:
         pytest.skip("uv is not installed")
@@ -171,8 +171,8 @@ def test_local_backend_installs_an_archive_with_uv_and_refuses_a_misnamed_one(ho
 def test_docker_environment_gets_its_python_from_the_archive_directory(host_archive, docker_base, monkeypatch):
     """A constraint no Debian release meets (the running CPython's exact version) is built on the
     default release with that archive, installed by uv in the build: the venv runs it."""
-    from sandboxes.docker import images
-    from sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, docker_client
+    from patchgym.sandboxes.docker import images
+    from patchgym.sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, docker_client
 
     directory, version = host_archive
     if version in images.RELEASE_PYTHON.values():

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import SandboxClosedError, SandboxError
-from sandboxes.ray_cluster import channel, host, pool
+from patchgym.sandboxes import SandboxClosedError, SandboxError
+from patchgym.sandboxes.ray_cluster import channel, host, pool
 from tests.netns import Netns
 from tests.ray_cluster.helpers import build_environments
 

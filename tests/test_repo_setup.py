@@ -11,12 +11,12 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from cli import app
-from cli import common as cli_common
-from gym_envs.grading.outcome import TestStatus
-from gym_envs.grading.testrun import TestRun
-from gym_envs.making.git_source import RepoFiles, RepoSetupError, open_source, repo_from_url, resolve_rev
-from gym_envs.making.repo_setup import (
+from patchgym.cli import app
+from patchgym.cli import common as cli_common
+from patchgym.grading.outcome import TestStatus
+from patchgym.grading.testrun import TestRun
+from patchgym.making.git_source import RepoFiles, RepoSetupError, open_source, repo_from_url, resolve_rev
+from patchgym.making.repo_setup import (
     UnsupportedRepoError,
     check_suite,
     detect_setup,
@@ -249,7 +249,7 @@ def test_suite_check_verdicts():
 
 
 def test_repos_add_registers_a_passing_repository_and_lists_it(tmp_path):
-    from gym_envs.making.registry import get_repo, registry_dir
+    from patchgym.making.registry import get_repo, registry_dir
 
     repo = tmp_path / "tinylib"
     sha = commit(repo, {**LIB, **PASSING_TESTS, "requirements-test.txt": f"{PYTEST_PIN}\n"})
@@ -276,7 +276,7 @@ def test_repos_add_registers_a_passing_repository_and_lists_it(tmp_path):
 
 
 def test_repos_add_refuses_a_mostly_failing_suite_naming_the_failures(tmp_path):
-    from gym_envs.making.registry import registry_dir
+    from patchgym.making.registry import registry_dir
 
     repo = tmp_path / "broken"
     commit(repo, {**LIB, "requirements-test.txt": f"{PYTEST_PIN}\n", "tests/test_broken.py": (

@@ -34,12 +34,12 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-import gym_envs  # noqa: F401  (registers patchgym/RepoEnv-v0)
-from gym_envs import load_task_set
-from gym_envs.grading.verifier import Verifier
-from tasks.backends import sandbox_factory
-from tasks.catalog import TaskSet, repo_source
-from tasks.model import Task
+import patchgym.gym_envs  # noqa: F401  (registers patchgym/RepoEnv-v0)
+from patchgym import load_task_set
+from patchgym.grading.verifier import Verifier
+from patchgym.tasks.backends import sandbox_factory
+from patchgym.tasks.catalog import TaskSet, repo_source
+from patchgym.tasks.model import Task
 
 TASK_IDS = ("patchgym__semverkit-1", "patchgym__textable-1")
 

@@ -11,7 +11,7 @@ import shlex
 import gymnasium as gym
 import pytest
 
-import gym_envs  # noqa: F401
+import patchgym.gym_envs  # noqa: F401
 
 SUBMIT = {"name": "submit", "arguments": {}}
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tasks import row_sources
-from tasks.model import TaskFileError
+from patchgym.tasks import row_sources
+from patchgym.tasks.model import TaskFileError
 
 pytest.importorskip("datasets")
 NAME = "patchgym-tests/no-such-dataset"  # in no cache

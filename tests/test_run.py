@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import app
-from gym_envs.rollouts.export import export_trajectories
-from gym_envs.rollouts.model import ChatModel, ModelConfig, ModelError
-from gym_envs.rollouts.run import RunDirError, RunOptions, run_model, wilson
-from tasks.catalog import load_task_set
+from patchgym.cli import app
+from patchgym.rollouts.export import export_trajectories
+from patchgym.rollouts.model import ChatModel, ModelConfig, ModelError
+from patchgym.rollouts.run import RunDirError, RunOptions, run_model, wilson
+from patchgym.tasks.catalog import load_task_set
 from tests.fake_openai import FakeModel, Turn, call
 from tests.serving import serve
 from tests.test_run_html import CHROMIUM, load_pages, need_chromium
@@ -224,7 +224,7 @@ def test_the_command_line_runs_a_model_and_writes_the_html_report(fake, calc_tas
 def test_the_server_runs_whole_rollouts(fake, calc_tasks_file, calc_task):
     import httpx
 
-    from server.app import create_app
+    from patchgym.server.app import create_app
 
     fake.default = oracle(calc_task.patch)
     app = create_app(tasks=calc_tasks_file, max_sessions=1, model_endpoints=[fake.url])
@@ -279,8 +279,8 @@ def test_running_out_of_steps_is_graded_and_says_so(fake, calc_tasks_file, calc_
 def test_no_turn_starts_after_the_deadline(fake, calc_tasks_file, calc_task):
     import time
 
-    from gym_envs.envs.repo_env import RepoEnv
-    from gym_envs.rollouts.loop import run_episode
+    from patchgym.gym_envs.repo_env import RepoEnv
+    from patchgym.rollouts.loop import run_episode
 
     fake.default = [call("bash", {"command": "sleep 0.2"})] * 1000  # far more than fits before the deadline
     env = RepoEnv(calc_tasks_file, max_steps=1000)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.catalog import load_task_set
+from patchgym.tasks.catalog import load_task_set
 from tests.fake_openai import FakeModel, call
 from tests.serving import serve
 
@@ -32,7 +32,7 @@ def oracle_scripts(model: FakeModel) -> int:
 
 
 def patchgym_run(url: str, out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli", "run", "--model", "scripted", "--base-url", url,
+    return subprocess.Popen([sys.executable, "-m", "patchgym.cli", "run", "--model", "scripted", "--base-url", url,
                              "--output", str(out), "--workers", "2", "--max-steps", "10", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -70,7 +70,7 @@ def test_the_oracle_resolves_every_bundled_task_and_a_killed_run_resumes_to_the_
     os.killpg(killed.pid, signal.SIGKILL)  # no chance to clean up or write anything more
     killed.communicate()
     assert 0 < finished(out) < total, "killed halfway"
-    subprocess.run([sys.executable, "-m", "cli", "sandboxes", "gc"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "patchgym.cli", "sandboxes", "gc"], check=True, capture_output=True)
     again = patchgym_run(url, out)
     output, _ = again.communicate(timeout=900)
     assert again.returncode == 0, output

@@ -1,4 +1,4 @@
-"""The HTML report of a run directory (gym_envs/rollouts/html_report/).
+"""The HTML report of a run directory (rollouts/html_report/).
 
 The sample run directory (tests/fixtures/run_dir_sample: three tasks, resolved / unresolved /
 masked, a tool output carrying ``<script>`` and ``<img onerror>``) is rendered, then loaded in
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_envs.rollouts.html_report import (
+from patchgym.rollouts.html_report import (
     MAX_OUTPUT_CHARS,
     fmt_cost,
     fmt_cpu,
@@ -33,7 +33,7 @@ from gym_envs.rollouts.html_report import (
     render_report,
     write_report,
 )
-from gym_envs.rollouts.html_report import page as report_page
+from patchgym.rollouts.html_report import page as report_page
 
 SAMPLE = Path(__file__).parent / "fixtures" / "run_dir_sample"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import sandbox_of_a_killed_process
 
-from sandboxes import (
+from patchgym.sandboxes import (
     LocalSandbox,
     PathOutsideWorkspaceError,
     ResourceLimits,
     SandboxClosedError,
     SandboxError,
 )
-from sandboxes.isolation import bwrap_path
+from patchgym.sandboxes.isolation import bwrap_path
 
 if os.environ.get("PATCHGYM_REQUIRE_BWRAP") == "1" and bwrap_path() is None:
     raise RuntimeError("PATCHGYM_REQUIRE_BWRAP=1 but bubblewrap is not usable here")
@@ -138,7 +138,7 @@ def test_paths_outside_the_workspace_are_refused(calc_sandbox):
 
 
 def test_close_is_idempotent_and_frees_everything(calc_task):
-    from tasks.backends import make_sandbox
+    from patchgym.tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task)
     root = sb.root
@@ -153,7 +153,7 @@ def test_close_is_idempotent_and_frees_everything(calc_task):
 
 
 def test_bad_base_commit_is_an_infrastructure_error(calc_task):
-    from tasks.backends import sandbox_spec
+    from patchgym.tasks.backends import sandbox_spec
 
     spec = sandbox_spec(calc_task)
     with pytest.raises(SandboxError, match="not in repository"):
@@ -181,7 +181,7 @@ def test_isolation_no_network_even_to_host_loopback(calc_sandbox):
 
 @needs_bwrap
 def test_isolation_host_is_read_only_and_secrets_are_hidden(calc_sandbox, calc_tasks_file, tmp_path):
-    import tasks as bundled
+    import patchgym.tasks as bundled
 
     secret = tmp_path / "host-secret.txt"
     secret.write_text("s3cret")
@@ -212,9 +212,9 @@ def test_isolation_hides_the_interpreters_own_site_packages(calc_sandbox):
     here = sysconfig.get_path("purelib")  # this interpreter's (a venv's, in a fresh checkout's venv)
     assert Path(base).is_dir() and any(Path(base).iterdir())
     out = calc_sandbox.exec(f"ls -A {base} {here} 2>/dev/null | grep -v ':$' | grep -c . ; "
-                            "python -c 'import gym_envs' 2>&1 | tail -1").output
+                            "python -c 'import patchgym' 2>&1 | tail -1").output
     assert out.split()[0] == "0"
-    assert "No module named 'gym_envs'" in out
+    assert "No module named 'patchgym'" in out
 
 
 @needs_bwrap
@@ -229,7 +229,7 @@ def _cgroups_active(sb) -> bool:
 
 def test_process_limit_is_enforced_before_any_fork_bomb(calc_task):
     """Proves the pids bound with harmless sleeps; only then runs a real fork bomb."""
-    from tasks.backends import make_sandbox
+    from patchgym.tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task, limits=ResourceLimits(max_processes=40))
     try:
@@ -261,7 +261,7 @@ def test_exec_reports_the_cpu_its_processes_used(calc_sandbox):
 
 
 def test_memory_limit_kills_a_runaway_allocation(calc_task):
-    from tasks.backends import make_sandbox
+    from patchgym.tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task, limits=ResourceLimits(memory_bytes=256 << 20))
     try:
@@ -273,7 +273,7 @@ def test_memory_limit_kills_a_runaway_allocation(calc_task):
 
 
 def test_file_size_limit(calc_task):
-    from tasks.backends import make_sandbox
+    from patchgym.tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task, limits=ResourceLimits(file_size_bytes=1 << 20))
     try:
@@ -285,8 +285,8 @@ def test_file_size_limit(calc_task):
 
 
 def test_unisolated_fallback_warns_and_still_works(calc_task, caplog, monkeypatch):
-    import sandboxes.local as local
-    from tasks.backends import make_sandbox
+    import patchgym.sandboxes.local as local
+    from patchgym.tasks.backends import make_sandbox
 
     monkeypatch.setattr(local, "_warned_unisolated", False)
     monkeypatch.setattr(local, "bwrap_path", lambda: None)
@@ -307,8 +307,8 @@ def test_unisolated_fallback_warns_and_still_works(calc_task, caplog, monkeypatc
 
 def test_reaper_removes_leftovers_of_dead_processes(calc_task, tmp_path):
     """A sandbox owned by a process that died (kill -9) is found and removed."""
-    from sandboxes import reap_stale
-    from sandboxes.paths import cache_dir
+    from patchgym.sandboxes import reap_stale
+    from patchgym.sandboxes.paths import cache_dir
 
     pid, root = sandbox_of_a_killed_process(calc_task, "print(os.getpid(), sb.root)")
     leftover = Path(root)
@@ -362,7 +362,7 @@ def test_shared_memory_and_ipc_objects_do_not_outlive_the_command(calc_sandbox):
 
 
 def test_close_from_another_thread_ends_a_running_command_at_once(calc_task):
-    from tasks.backends import make_sandbox
+    from patchgym.tasks.backends import make_sandbox
 
     sb = make_sandbox(calc_task)
     sb.exec("true")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import sandbox_of_a_killed_process
 
-from sandboxes import ResourceLimits, SandboxError, WorkspaceError
-from sandboxes.mounts import mounts_under
-from tasks.backends import make_sandbox
+from patchgym.sandboxes import ResourceLimits, SandboxError, WorkspaceError
+from patchgym.sandboxes.mounts import mounts_under
+from patchgym.tasks.backends import make_sandbox
 
 ENOSPC = "No space left on device"
 SMALL_DISK = ResourceLimits(disk_bytes=64 << 20, disk_files=3000)
@@ -129,7 +129,7 @@ def test_overlay_workspace_keeps_the_shared_checkout_pristine(calc_task, calc_re
 
 
 def test_unbounded_fallback_warns_and_copies(calc_task, caplog, monkeypatch):
-    import sandboxes.local as local
+    import patchgym.sandboxes.local as local
 
     monkeypatch.setattr(local, "_warned_unbounded", False)
     monkeypatch.setattr(local, "quota_unavailable_reason", lambda: "PATCHGYM_NO_QUOTA=1")
@@ -147,7 +147,7 @@ def test_unbounded_fallback_warns_and_copies(calc_task, caplog, monkeypatch):
 
 
 def test_a_killed_owner_leaves_no_mounts_and_the_checkout_intact(calc_task):
-    from sandboxes import reap_stale
+    from patchgym.sandboxes import reap_stale
 
     bounded, root, template = sandbox_of_a_killed_process(calc_task, (
         "sb.exec('echo dirty > calc/__init__.py; rm -rf tests; echo t > /tmp/t')\n"
@@ -164,7 +164,7 @@ def test_a_killed_owner_leaves_no_mounts_and_the_checkout_intact(calc_task):
 
 
 def test_a_mount_that_cannot_be_removed_is_never_deleted_through(calc_task, monkeypatch):
-    import sandboxes.mounts as mounts
+    import patchgym.sandboxes.mounts as mounts
 
     sb = make_sandbox(calc_task)
     if not sb.disk_bounded:
@@ -217,7 +217,7 @@ def test_fork_bomb_ends_in_seconds_with_a_clear_marker(backend, calc_task):
 
 
 def test_watchdog_needs_the_limit_to_stay_hit(tmp_path):
-    from sandboxes.process import ProcessLimitWatch
+    from patchgym.sandboxes.process import ProcessLimitWatch
 
     (tmp_path / "pids.max").write_text("10\n")
     (tmp_path / "pids.current").write_text("10\n")
@@ -251,7 +251,7 @@ def test_watchdog_needs_the_limit_to_stay_hit(tmp_path):
 
 
 def test_workspace_error_is_the_agents_failure_not_infrastructure():
-    import sandboxes
+    import patchgym.sandboxes as sandboxes
 
     assert issubclass(WorkspaceError, Exception) and not issubclass(WorkspaceError, SandboxError)
     assert sandboxes.WorkspaceError is WorkspaceError
@@ -380,7 +380,7 @@ def test_three_hundred_thousand_files_give_a_diff_or_a_reason(calc_task):
 
 @pytest.fixture
 def docker(docker_base):
-    from sandboxes.docker import docker_client
+    from patchgym.sandboxes.docker import docker_client
 
     return docker_client()
 
@@ -399,8 +399,8 @@ def _cleanup(containers) -> None:
 
 
 def test_two_gcs_racing_never_crash_and_remove_each_container_once(docker, docker_base):
-    from sandboxes.docker import gc_containers
-    from sandboxes.docker.client import owner_id
+    from patchgym.sandboxes.docker import gc_containers
+    from patchgym.sandboxes.docker.client import owner_id
 
     dead = _labelled(docker, docker_base, f"{owner_id().split(':')[0]}:999999", 8)
     results: list[list[str]] = []
@@ -427,8 +427,8 @@ def test_two_gcs_racing_never_crash_and_remove_each_container_once(docker, docke
 
 
 def test_gc_skips_a_container_that_vanishes_under_it(docker, docker_base, monkeypatch):
-    from sandboxes.docker import gc_containers
-    from sandboxes.docker.client import owner_id
+    from patchgym.sandboxes.docker import gc_containers
+    from patchgym.sandboxes.docker.client import owner_id
 
     gone, kept = _labelled(docker, docker_base, f"{owner_id().split(':')[0]}:999999", 2)
     real_list = type(docker.containers).list
@@ -449,10 +449,10 @@ def test_gc_skips_a_container_that_vanishes_under_it(docker, docker_base, monkey
 def test_gc_leaves_other_hosts_alone_unless_all(docker, docker_base, monkeypatch):
     from typer.testing import CliRunner
 
-    import cli
-    import sandboxes
-    import sandboxes.docker as sd
-    from sandboxes.docker import gc_containers
+    import patchgym.cli as cli
+    import patchgym.sandboxes as sandboxes
+    import patchgym.sandboxes.docker as sd
+    from patchgym.sandboxes.docker import gc_containers
 
     foreign = _labelled(docker, docker_base, "some-other-host.invalid:1")[0]
     try:

@@ -10,8 +10,8 @@ import time
 import gymnasium as gym
 import httpx
 
-import server  # noqa: F401  (registers patchgym/Remote-v0)
-from server.app import create_app
+import patchgym.server  # noqa: F401  (registers patchgym/Remote-v0)
+from patchgym.server.app import create_app
 from tests.serving import serve
 
 TASK = "fixture__calc-1"
@@ -220,22 +220,22 @@ def test_idle_sessions_are_reaped_and_deadlines_close_sessions(calc_tasks_file):
 def test_serve_refuses_a_public_host_without_token():
     from typer.testing import CliRunner
 
-    from cli import app
+    from patchgym.cli import app
 
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0"], env={"PATCHGYM_SERVER_TOKEN": ""})
     assert result.exit_code == 2 and "token" in result.output
 
 
 def test_sandbox_failure_is_503_and_closes_the_session(calc_tasks_file, monkeypatch):
-    import server.core
-    from gym_envs.envs.repo_env import RepoEnv
-    from sandboxes import SandboxError
+    import patchgym.server.core as server_core
+    from patchgym.gym_envs.repo_env import RepoEnv
+    from patchgym.sandboxes import SandboxError
 
     class BrokenEnv(RepoEnv):
         def step(self, action):
             raise SandboxError("the sandbox vanished")
 
-    monkeypatch.setattr(server.core, "RepoEnv", BrokenEnv)
+    monkeypatch.setattr(server_core, "RepoEnv", BrokenEnv)
     with serve(create_app(tasks=calc_tasks_file)) as u, httpx.Client(base_url=u, timeout=120) as c:
         sid = c.post("/v1/sessions", json={"task_id": TASK}).json()["session_id"]
         r = c.post(f"/v1/sessions/{sid}/step", json={"action": SUBMIT})

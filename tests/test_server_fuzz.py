@@ -35,7 +35,7 @@ from schemathesis.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from server.app import create_app  # noqa: E402
+from patchgym.server.app import create_app  # noqa: E402
 from tests.serving import serve  # noqa: E402
 
 TASK = "fixture__calc-1"

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.app import create_app
+from patchgym.server.app import create_app
 from tests.serving import free_port, serve
 
 TASK = "fixture__calc-1"
@@ -65,7 +65,7 @@ def _marker_processes(marker: str) -> list[int]:
 
 def _start_server(tasks: Path, port: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--port", str(port), "--tasks", str(tasks),
+        [sys.executable, "-m", "patchgym.cli", "serve", "--port", str(port), "--tasks", str(tasks),
          "--max-sessions", "4"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 

@@ -1,5 +1,6 @@
-"""Start-up stays cheap: ``import gym_envs`` and the command line import only what they use, and the
-environments are still registered with Gymnasium whichever of the two is imported first.
+"""Start-up stays cheap: ``import patchgym`` and the command line import only what they use, grading
+never imports Gymnasium, and the environments are registered by their own package or by Gymnasium
+from a module-qualified id.
 
 Timing lives in bench/startup.py; these tests pin the imports the timing depends on, in fresh
 interpreters (this process has imported everything already).
@@ -11,8 +12,8 @@ import json
 import subprocess
 import sys
 
-from cli.common import BACKENDS, DEBIAN_RELEASES
-from tasks import backends
+from patchgym.cli.common import BACKENDS, DEBIAN_RELEASES
+from patchgym.tasks import backends
 
 IDS = ["patchgym/RepoEnv-v0", "patchgym/PatchEnv-v0"]
 
@@ -24,39 +25,53 @@ def fresh(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_import_gym_envs_leaves_gymnasium_alone_and_registers_when_it_arrives():
-    got = fresh("import json, sys, gym_envs\n"
-                "before = sorted(m for m in ('gymnasium', 'numpy', 'pydantic', 'sandboxes', 'tasks') if m in sys.modules)\n"
-                "import gymnasium\n"
-                "print(json.dumps([before, [i for i in gymnasium.registry if i.startswith('patchgym/')]]))")
-    assert got == [[], IDS]
+def test_import_patchgym_imports_none_of_its_floors():
+    got = fresh("import json, sys, patchgym\n"
+                "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('patchgym.', 'gymnasium', 'numpy', "
+                "'pydantic')))))")
+    assert got == []
 
 
-def test_gymnasium_imported_first_registers_at_once():
-    assert fresh("import json, gymnasium, gym_envs\n"
+def test_the_eval_path_never_imports_gymnasium():
+    """Grading is not under the environments' package, so ``patchgym eval`` pays nothing for
+    Gymnasium and NumPy (bench/startup.py's eval figures)."""
+    got = fresh("import json, sys\n"
+                "import patchgym.cli.common, patchgym.grading.evaluation, patchgym.grading.verifier\n"
+                "import patchgym.tasks.backends, patchgym.tasks.predictions\n"
+                "print(json.dumps([m for m in ('gymnasium', 'numpy', 'patchgym.gym_envs') if m in sys.modules]))")
+    assert got == []
+
+
+def test_importing_the_environments_registers_them():
+    assert fresh("import json, gymnasium, patchgym.gym_envs\n"
                  "print(json.dumps([i for i in gymnasium.registry if i.startswith('patchgym/')]))") == IDS
 
 
-def test_a_submodule_import_of_gymnasium_registers_too():
-    assert fresh("import json, gym_envs\n"
-                 "from gymnasium.envs.registration import registry\n"
-                 "print(json.dumps([i for i in registry if i.startswith('patchgym/')]))") == IDS
-
-
-def test_gymnasium_imports_the_package_a_prefixed_id_names():
+def test_gymnasium_imports_the_package_a_module_qualified_id_names():
+    """No patchgym import: Gymnasium 1.x imports the module named before the colon, which registers."""
     assert fresh("import json, gymnasium\n"
-                 "env = gymnasium.make('gym_envs:patchgym/PatchEnv-v0')\n"
+                 "env = gymnasium.make('patchgym.gym_envs:patchgym/PatchEnv-v0')\n"
                  "print(json.dumps(env.spec.id))") == IDS[1]
+    assert fresh("import json, gymnasium\n"  # a closed port: making the env sends nothing yet
+                 "env = gymnasium.make('patchgym.server:patchgym/Remote-v0', url='http://127.0.0.1:9')\n"
+                 "print(json.dumps(type(env.unwrapped).__name__)); env.close()") == "RemoteEnv"
 
 
-def test_the_command_line_imports_no_layer_before_a_command_needs_it():
-    heavy = ["gymnasium", "numpy", "httpx", "docker", "pydantic", "sandboxes", "tasks", "gym_envs", "server"]
-    loaded = fresh(f"import json, sys, cli\nprint(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
+def test_nothing_patches_gymnasiums_import():
+    got = fresh("import json, sys, patchgym, patchgym.gym_envs, patchgym.server\n"
+                "print(json.dumps([type(f).__module__ for f in sys.meta_path if 'patchgym' in type(f).__module__]))")
+    assert got == []
+
+
+def test_the_command_line_imports_no_floor_before_a_command_needs_it():
+    heavy = ["gymnasium", "numpy", "httpx", "docker", "pydantic", "patchgym.sandboxes", "patchgym.tasks",
+             "patchgym.grading", "patchgym.gym_envs", "patchgym.server"]
+    loaded = fresh(f"import json, sys, patchgym.cli\nprint(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
     assert loaded == []
 
 
 def test_the_help_texts_backends_and_releases_are_the_real_ones():
-    from sandboxes.docker.images import RELEASES
+    from patchgym.sandboxes.docker.images import RELEASES
 
     assert BACKENDS == backends.BACKENDS
     assert DEBIAN_RELEASES == RELEASES

@@ -9,15 +9,15 @@ import subprocess
 
 import pytest
 
-from tasks.model import TaskFileError
-from tasks.swebench_constants import (
+from patchgym.tasks.model import TaskFileError
+from patchgym.tasks.swebench_constants import (
     HARNESS_REPLACE_REQ_PACKAGES,
     clean_requirements,
     read_constants,
     read_python_constants,
     requirements_at,
 )
-from tasks.swebench_io import import_rows, load_spec_tables
+from patchgym.tasks.swebench_io import import_rows, load_spec_tables
 from tests.conftest import FIXTURES, git
 
 CONSTANTS = FIXTURES / "swebench_constants" / "constants"

@@ -21,12 +21,12 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from cli import app
-from cli import common as cli_common
-from gym_envs import load_task_set, load_tasks
-from gym_envs.grading.outcome import TestStatus, grade
-from gym_envs.grading.patches import filter_agent_patch
-from gym_envs.grading.runners import (
+from patchgym import load_task_set, load_tasks
+from patchgym.cli import app
+from patchgym.cli import common as cli_common
+from patchgym.grading.outcome import TestStatus, grade
+from patchgym.grading.patches import filter_agent_patch
+from patchgym.grading.runners import (
     changed_test_files,
     django_command,
     django_label,
@@ -36,13 +36,13 @@ from gym_envs.grading.runners import (
     pytest_selectors,
     sympy_command,
 )
-from gym_envs.grading.testrun import run_tests
-from sandboxes import ExecResult
-from sandboxes.repos import pristine_checkout
-from tasks.catalog import repo_source
-from tasks.model import TaskFileError, TestSpec
-from tasks.row_sources import read_source_rows
-from tasks.swebench_io import (
+from patchgym.grading.testrun import run_tests
+from patchgym.sandboxes import ExecResult
+from patchgym.sandboxes.repos import pristine_checkout
+from patchgym.tasks.catalog import repo_source
+from patchgym.tasks.model import TaskFileError, TestSpec
+from patchgym.tasks.row_sources import read_source_rows
+from patchgym.tasks.swebench_io import (
     RepoNotFoundError,
     builtin_constants,
     builtin_specs,
@@ -401,7 +401,7 @@ def test_the_runtime_runs_pytester_under_filterwarnings_error(tmp_path):
     """pytest's own repository runs with -p pytester and filterwarnings = error: the runtime had
     imported _pytest.pytester_assertions beforehand, pytest warned it could not rewrite it, and the
     run died before its first test (pytest-dev 7.x/8.x: "exited before its final record")."""
-    from gym_envs.grading.pytest_runtime import RUNTIME_DIR
+    from patchgym.grading.pytest_runtime import RUNTIME_DIR
 
     (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings =\n    error\n")
     (tmp_path / "test_p.py").write_text("def test_inline(pytester):\n"

@@ -12,17 +12,18 @@ import pytest
 from conftest import PYTEST_PIN, git
 from typer.testing import CliRunner
 
-from gym_envs import load_tasks
-from gym_envs.grading.outcome import TestStatus
-from gym_envs.grading.pyast import parse as parse_python
-from gym_envs.grading.testrun import TestRun
-from gym_envs.grading.verifier import Verifier
-from gym_envs.making.registry import RepoRecord
-from gym_envs.making.synth import KINDS, SynthOptions, mutants, synthesize
-from gym_envs.making.synth.generate import judge, order_sites, reachable_functions, referenced_names
-from gym_envs.making.synth.mutations import changed_lines, sites
-from gym_envs.making.synth.statement import failure_messages, leaks, rewrite, safe_statement
-from tasks.model import EnvironmentConfig, TestSpec
+from patchgym import load_tasks
+from patchgym.cli.app import app as cli_app
+from patchgym.grading.outcome import TestStatus
+from patchgym.grading.pyast import parse as parse_python
+from patchgym.grading.testrun import TestRun
+from patchgym.grading.verifier import Verifier
+from patchgym.making.registry import RepoRecord
+from patchgym.making.synth import KINDS, SynthOptions, mutants, synthesize
+from patchgym.making.synth.generate import judge, order_sites, reachable_functions, referenced_names
+from patchgym.making.synth.mutations import changed_lines, sites
+from patchgym.making.synth.statement import failure_messages, leaks, rewrite, safe_statement
+from patchgym.tasks.model import EnvironmentConfig, TestSpec
 
 SOURCE = textwrap.dedent('''\
     """Module docstring: 1 + 1 < 3 is never mutated."""
@@ -360,7 +361,7 @@ def test_synth_end_to_end_on_a_small_repository(mini_repo, tmp_path):
 
 @pytest.mark.slow
 def test_synth_command_on_a_bundled_library(tmp_path):
-    from cli import app
+    from patchgym.cli import app
 
     output = tmp_path / "synth.jsonl"
     result = CliRunner().invoke(app, ["tasks", "synth", "--repo", "dotenvkit", "--n", "2", "--seed", "3",
@@ -378,8 +379,8 @@ def test_synth_command_on_a_bundled_library(tmp_path):
 
 
 def test_a_torn_last_line_is_cut_off_with_a_message(tmp_path):
-    from gym_envs.making.incremental import TaskFile
-    from tasks.model import load_tasks as load_file
+    from patchgym.making.incremental import TaskFile
+    from patchgym.tasks.model import load_tasks as load_file
 
     whole = tmp_path / "whole.jsonl"
     rows = Path(__file__).parent.parent / "tasks" / "instances"
@@ -403,7 +404,7 @@ def test_stopping_the_workers_closes_their_sandboxes_and_joins_them():
     import threading
     import time
 
-    from gym_envs.making.incremental import Workers
+    from patchgym.making.incremental import Workers
 
     class Box:
         def __init__(self) -> None:
@@ -445,7 +446,7 @@ def test_an_interrupted_synth_run_goes_on_to_the_same_task_file(tmp_path):
     import sys
     import time
 
-    from gym_envs.making.registry import get_repo
+    from patchgym.making.registry import get_repo
 
     args = ["--repo", "dotenvkit", "--n", "2", "--seed", "5", "--kinds", "comparison,off_by_one", "--workers", "1"]
     whole = tmp_path / "whole" / "synth.jsonl"
@@ -453,7 +454,7 @@ def test_an_interrupted_synth_run_goes_on_to_the_same_task_file(tmp_path):
     assert len(report.tasks) == 2 and not report.interrupted
 
     cut = tmp_path / "cut" / "synth.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "tasks", "synth", *args, "--output", str(cut)],
+    proc = subprocess.Popen([sys.executable, "-m", "patchgym.cli", "tasks", "synth", *args, "--output", str(cut)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200"})
     try:
@@ -471,22 +472,22 @@ def test_an_interrupted_synth_run_goes_on_to_the_same_task_file(tmp_path):
     else:
         assert proc.returncode == 0, log  # it had finished just before the signal
 
-    again = CliRunner().invoke(__import__("cli").app, ["tasks", "synth", *args, "--output", str(cut)])
+    again = CliRunner().invoke(cli_app, ["tasks", "synth", *args, "--output", str(cut)])
     assert again.exit_code == 0, again.output
     assert cut.read_bytes() == whole.read_bytes()
     heads = git(tmp_path, "bundle", "list-heads", str(cut.with_suffix(".bundle")))
     assert heads == git(tmp_path, "bundle", "list-heads", str(whole.with_suffix(".bundle")))
     assert not list(cut.parent.glob(".*.candidates.bundle"))
-    done = CliRunner().invoke(__import__("cli").app, ["tasks", "synth", *args, "--output", str(cut)])
+    done = CliRunner().invoke(cli_app, ["tasks", "synth", *args, "--output", str(cut)])
     assert done.exit_code == 0 and "nothing to do" in done.output and cut.read_bytes() == whole.read_bytes()
 
 
 @pytest.mark.slow
 def test_the_traced_run_maps_each_test_to_the_functions_it_calls(mini_repo):
-    from gym_envs.grading.testrun import probe
-    from gym_envs.making.synth.mutations import functions
-    from gym_envs.making.synth.testmap import build_map
-    from tasks.backends import make_sandbox
+    from patchgym.grading.testrun import probe
+    from patchgym.making.synth.mutations import functions
+    from patchgym.making.synth.testmap import build_map
+    from patchgym.tasks.backends import make_sandbox
 
     head = git(Path(mini_repo.source), "rev-parse", "HEAD").strip()
     task = mini_repo.probe_task(head)

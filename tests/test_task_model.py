@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import calc_task_row
 
-from gym_envs import Task, TaskFileError, load_task_set, load_tasks, save_tasks
+from patchgym import Task, TaskFileError, load_task_set, load_tasks, save_tasks
 
 
 def _row(**overrides) -> dict:

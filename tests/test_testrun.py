@@ -2,7 +2,7 @@
 
 import pytest
 
-from gym_envs.grading.testrun import probe, probe_task
+from patchgym.grading.testrun import probe, probe_task
 
 
 def test_probe_runs_the_whole_suite_and_reports_each_test(calc_task):
@@ -55,8 +55,8 @@ def _with_order_dependent_tests(task, selection: str):
 def test_whole_files_run_as_swebench_ran_them(calc_task, selection):
     """With ``selection: files`` the files that hold the ids run whole, in their own order, and the
     grade reads the ids; with ``ids`` the second test runs alone and fails."""
-    from gym_envs.grading.verifier import Verifier
-    from tasks.backends import sandbox_factory
+    from patchgym.grading.verifier import Verifier
+    from patchgym.tasks.backends import sandbox_factory
 
     task = _with_order_dependent_tests(calc_task, selection)
     report = Verifier(sandbox_factory("local")).verify(task, task.patch)

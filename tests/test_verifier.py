@@ -6,9 +6,9 @@ import pickle
 
 import pytest
 
-from gym_envs import Verifier
-from gym_envs.grading.patches import filter_agent_patch, is_test_or_config, split_diff
-from sandboxes import ExecResult
+from patchgym import Verifier
+from patchgym.grading.patches import filter_agent_patch, is_test_or_config, split_diff
+from patchgym.sandboxes import ExecResult
 
 
 def new_file(path: str, content: str) -> str:
@@ -150,7 +150,7 @@ def test_partial_credit_option(calc_task):
 
 
 def test_infrastructure_failure_is_kept_apart(calc_task):
-    from sandboxes import EnvironmentBuildError
+    from patchgym.sandboxes import EnvironmentBuildError
 
     def broken_factory(task):
         raise EnvironmentBuildError("pip could not reach the index")
@@ -165,7 +165,7 @@ class _FarSandbox:
     its arguments there by pickle and brings the answer back the same way; nothing else is called."""
 
     def __init__(self, task, fail: bool = False) -> None:
-        from tasks.backends import make_sandbox
+        from patchgym.tasks.backends import make_sandbox
 
         self.near = make_sandbox(task)
         self.workdir, self.base_commit, self.fail = self.near.workdir, self.near.base_commit, fail

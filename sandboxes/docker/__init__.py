@@ -4,10 +4,10 @@ process. Needs a reachable Docker engine; nothing here is imported by the local 
 
 from __future__ import annotations
 
-from .client import docker_available, docker_client
-from .containers import gc_containers
-from .pool import WarmPool, default_pool_size, shared_pool
-from .sandbox import DockerSandbox
+from patchgym.sandboxes.docker.client import docker_available, docker_client
+from patchgym.sandboxes.docker.containers import gc_containers
+from patchgym.sandboxes.docker.pool import WarmPool, default_pool_size, shared_pool
+from patchgym.sandboxes.docker.sandbox import DockerSandbox
 
 __all__ = ["DockerSandbox", "WarmPool", "default_pool_size", "docker_available", "docker_client", "gc_containers",
            "shared_pool"]

@@ -20,9 +20,9 @@ import re
 import time
 from collections.abc import Callable
 
-from ..base import EnvironmentBuildError
-from ..reaper import is_alive
-from .client import OWNER_LABEL, docker_client, owner_id, remove_container
+from patchgym.sandboxes.base import EnvironmentBuildError
+from patchgym.sandboxes.docker.client import OWNER_LABEL, docker_client, owner_id, remove_container
+from patchgym.sandboxes.reaper import is_alive
 
 STARTED_LABEL = "org.patchgym.owner_started"  # the owner's start time (clock ticks since boot)
 BUILD_PREFIX = "patchgym-build-"

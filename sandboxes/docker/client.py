@@ -7,7 +7,7 @@ import os
 import time
 from functools import lru_cache
 
-from ..base import SandboxError
+from patchgym.sandboxes.base import SandboxError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import socket
 import time
 
-from ..base import SandboxError
+from patchgym.sandboxes.base import SandboxError
 
 OK, ERROR = b"0", b"E"
 

@@ -18,9 +18,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
-from ..base import SandboxError
-from ..limits import ResourceLimits
-from .client import (
+from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.docker.client import (
     KIND_LABEL,
     MANAGED_LABEL,
     OWNER_LABEL,
@@ -30,8 +29,9 @@ from .client import (
     owner_id,
     remove_container,
 )
-from .connection import attach
-from .runtime import RUNTIME_MOUNT, SERVER, discard_runtime, runtime_volume
+from patchgym.sandboxes.docker.connection import attach
+from patchgym.sandboxes.docker.runtime import RUNTIME_MOUNT, SERVER, discard_runtime, runtime_volume
+from patchgym.sandboxes.limits import ResourceLimits
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def gc_containers(*, include_live_owners: bool = False, other_hosts: bool = Fals
     container that vanishes while gc runs (another gc, auto-removal) is skipped, never an error.
     ``kept``, when given, receives a line for each container left and why.
     """
-    from ..reaper import is_alive
+    from patchgym.sandboxes.reaper import is_alive
 
     client = docker_client()
     removed = []

@@ -58,7 +58,7 @@ def main() -> None:
 def diff_answer(pristine: Pristine, limit: int) -> dict:
     """The diff, or the error: a SandboxError is the sandbox's failure (``internal``); anything
     else raised while reading the workspace came from what the agent left there (``workspace``),
-    as on the local backend (``gym_envs.envs.repo_env``)."""
+    as on the local backend (``patchgym.gym_envs.repo_env``)."""
     try:
         return {"diff": workspace_diff(WORKSPACE, pristine, STATE, limit)}
     except WorkspaceError as exc:

@@ -27,7 +27,7 @@
 
 ``patchgym/instance:<hash>``
     The environment plus the repository at ``base_commit`` in ``/testbed`` — a pristine checkout with
-    no later history (:func:`sandboxes.repos.pristine_checkout`) — after the spec's ``install`` steps.
+    no later history (:func:`patchgym.sandboxes.repos.pristine_checkout`) — after the spec's ``install`` steps.
     The same tree is hard-linked (no extra bytes) at ``/var/lib/patchgym/testbed``, root's only: a
     sandbox's /testbed is a bounded tmpfs, empty at start, which the command server fills from it.
     Its size and file count are recorded in labels, to size that tmpfs.
@@ -70,19 +70,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .. import python_archives
-from ..base import EnvironmentBuildError, SandboxError
-from ..build_errors import step_failed
-from ..bytecode import PREFIX_ENV, compiler_source
-from ..environments import EnvironmentSpec
-from ..installer import uv_executable
-from ..lifetime import run_checked
-from ..locks import file_lock
-from ..paths import cache_dir
-from ..reaper import owned_name
-from ..repos import _source_id, pristine_checkout
-from .build_mutex import build_name, claim, owner_labels
-from .client import (
+from patchgym.sandboxes import python_archives
+from patchgym.sandboxes.base import EnvironmentBuildError, SandboxError
+from patchgym.sandboxes.build_errors import step_failed
+from patchgym.sandboxes.bytecode import PREFIX_ENV, compiler_source
+from patchgym.sandboxes.docker.build_mutex import build_name, claim, owner_labels
+from patchgym.sandboxes.docker.client import (
     DEFAULT_RELEASE,
     KIND_LABEL,
     MANAGED_LABEL,
@@ -92,7 +85,14 @@ from .client import (
     docker_client,
     remove_container,
 )
-from .connection import attach
+from patchgym.sandboxes.docker.connection import attach
+from patchgym.sandboxes.environments import EnvironmentSpec
+from patchgym.sandboxes.installer import uv_executable
+from patchgym.sandboxes.lifetime import run_checked
+from patchgym.sandboxes.locks import file_lock
+from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.reaper import owned_name
+from patchgym.sandboxes.repos import _source_id, pristine_checkout
 
 log = logging.getLogger(__name__)
 
@@ -729,7 +729,7 @@ def check_python(spec: EnvironmentSpec, base, release: str) -> str:
 @dataclass(frozen=True)
 class PythonSource:
     """Where an environment image's Python comes from: the Debian ``release``'s own python3, or
-    one uv installs on that release, from an ``archive`` (:mod:`sandboxes.python_archives`) or
+    one uv installs on that release, from an ``archive`` (:mod:`patchgym.sandboxes.python_archives`) or
     downloaded from a python-build-standalone ``mirror`` (``$UV_PYTHON_INSTALL_MIRROR``)."""
 
     release: str

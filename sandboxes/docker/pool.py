@@ -33,9 +33,9 @@ import threading
 import time
 from collections import deque
 
-from ..base import SandboxError
-from ..limits import ResourceLimits
-from .containers import DEFAULT_LIFETIME, removals, remove_container, start_container
+from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, removals, remove_container, start_container
+from patchgym.sandboxes.limits import ResourceLimits
 
 log = logging.getLogger(__name__)
 

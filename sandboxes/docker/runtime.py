@@ -25,10 +25,10 @@ import tarfile
 import threading
 from pathlib import Path
 
-from ..base import EnvironmentBuildError, SandboxError
-from ..paths import cache_dir
-from .build_mutex import namespace
-from .client import KIND_LABEL, MANAGED_LABEL, docker_client
+from patchgym.sandboxes.base import EnvironmentBuildError, SandboxError
+from patchgym.sandboxes.docker.build_mutex import namespace
+from patchgym.sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, docker_client
+from patchgym.sandboxes.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def _build(name: str, key: str, sources: dict[str, bytes]) -> None:
     """Fill the volume ``name`` in the build container named for it (the engine-wide mutex, tied to
     this process as every build container is: ``images.BuildContainer``), unless its holder,
     waited for, finished it; then create its marker."""
-    from .images import DEFAULT_RELEASE, BuildContainer, ensure_base
+    from patchgym.sandboxes.docker.images import DEFAULT_RELEASE, BuildContainer, ensure_base
 
     client = docker_client()
     base = ensure_base(DEFAULT_RELEASE)

@@ -17,7 +17,7 @@ import json
 import shlex
 import threading
 
-from ..base import (
+from patchgym.sandboxes.base import (
     ClosesItself,
     ExecResult,
     PathOutsideWorkspaceError,
@@ -26,13 +26,13 @@ from ..base import (
     SandboxUsage,
     WorkspaceError,
 )
-from ..gitops import DIFF_LIMIT
-from ..limits import ResourceLimits
-from ..local import SandboxSpec
-from ..output import DEFAULT_OUTPUT_LIMIT, CappedOutput
-from .connection import ServerError
-from .containers import DEFAULT_LIFETIME, WORKDIR, removals, remove_container, start_container
-from .pool import WarmPool
+from patchgym.sandboxes.docker.connection import ServerError
+from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, removals, remove_container, start_container
+from patchgym.sandboxes.docker.pool import WarmPool
+from patchgym.sandboxes.gitops import DIFF_LIMIT
+from patchgym.sandboxes.limits import ResourceLimits
+from patchgym.sandboxes.local import SandboxSpec
+from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT, CappedOutput
 
 GRACE = 30.0  # beyond a command's own timeout before the server counts as hung
 # (repo, commit, environment, release) -> instance image tag: resolving it asks the engine about
@@ -55,7 +55,7 @@ class DockerSandbox(ClosesItself):
         pool: WarmPool | None = None,
         lifetime: int = DEFAULT_LIFETIME,
     ) -> None:
-        from .images import instance_image
+        from patchgym.sandboxes.docker.images import instance_image
 
         self.spec = spec
         self.base_commit = spec.base_commit

@@ -147,7 +147,7 @@ def _dumps_answer(answer: Any) -> bytes:
     try:
         return pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # an answer that cannot cross: say what it was instead
-        from ..base import SandboxError
+        from patchgym.sandboxes.base import SandboxError
 
         return pickle.dumps((False, SandboxError(f"the host's answer cannot be sent: {type(exc).__name__}: {exc}")))
 

@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Any
 
-from ..base import SandboxError
+from patchgym.sandboxes.base import SandboxError
 
 #: The custom resource a node declares for each sandbox it may host (``ray start --resources``).
 RESOURCE = "patchgym_sandbox"

@@ -1,4 +1,4 @@
-"""The guard of one sandbox host (see :func:`.host.start_guard`): ``python -m sandboxes.ray_cluster.guard``.
+"""The guard of one sandbox host (see :func:`.host.start_guard`): ``python -m patchgym.sandboxes.ray_cluster.guard``.
 
 It detaches (a second fork, so that it is nobody's child and a worker's exit, which kills the
 worker's children, leaves it alone), reads its standard input until end of file, which comes when
@@ -22,16 +22,16 @@ def main() -> None:
     while os.read(0, 4096):
         pass
     writer = int(os.environ.get("PATCHGYM_GUARD_WRITER", "0") or 0)
-    from sandboxes.reaper import is_alive
+    from patchgym.sandboxes.reaper import is_alive
 
     deadline = time.monotonic() + WAIT_FOR_EXIT
     while writer and is_alive(writer) and time.monotonic() < deadline:
         time.sleep(0.1)  # a zombie still counts as alive to the reaper: wait until it is reaped
-    from sandboxes.cleanup import reap_stale
+    from patchgym.sandboxes.cleanup import reap_stale
 
     reap_stale()
     try:
-        from sandboxes.docker import docker_available, gc_containers
+        from patchgym.sandboxes.docker import docker_available, gc_containers
 
         if docker_available():
             gc_containers()

@@ -24,12 +24,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..base import EnvironmentBuildError, SandboxClosedError, SandboxError, usage_of
-from ..limits import ResourceLimits
-from ..local import SandboxSpec
-from ..locks import file_lock
-from ..paths import cache_dir
-from .channel import ChannelServer
+from patchgym.sandboxes.base import EnvironmentBuildError, SandboxClosedError, SandboxError, usage_of
+from patchgym.sandboxes.limits import ResourceLimits
+from patchgym.sandboxes.local import SandboxSpec
+from patchgym.sandboxes.locks import file_lock
+from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.ray_cluster.channel import ChannelServer
 
 #: What a host answers instead of opening when its node cannot reach the driver's repository.
 NEED_REPO = "need-repo"
@@ -205,11 +205,11 @@ def _node_address() -> str:
 
 def _make(inner: str, spec: SandboxSpec, limits: ResourceLimits | None, options: dict[str, Any]) -> Any:
     if inner == "local":
-        from ..local import LocalSandbox
+        from patchgym.sandboxes.local import LocalSandbox
 
         return LocalSandbox(spec, limits=limits, **options)
     if inner == "docker":
-        from ..docker import DockerSandbox, default_pool_size, shared_pool
+        from patchgym.sandboxes.docker import DockerSandbox, default_pool_size, shared_pool
 
         options = dict(options)
         pool_size = options.pop("pool_size", None)  # None: $PATCHGYM_DOCKER_POOL, else 1; 0: no warm pool
@@ -238,7 +238,7 @@ def start_guard() -> subprocess.Popen | None:
     read_end, write_end = os.pipe()
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "sandboxes.ray_cluster.guard"], stdin=read_end,
+            [sys.executable, "-m", "patchgym.sandboxes.ray_cluster.guard"], stdin=read_end,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, "PATCHGYM_GUARD_WRITER": str(os.getpid())},
         )

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .channel import Channel
+from patchgym.sandboxes.ray_cluster.channel import Channel
 
 #: Scheduling strategies a warm host can stand for: their placement depends on nothing but the
 #: strategy itself. Others (placement groups, label selectors) always get a new host.

@@ -27,14 +27,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from ..base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
-from ..limits import ResourceLimits
-from ..local import SandboxSpec
-from ..repos import git
-from .channel import TOKEN_BYTES, Channel
-from .connect import RESOURCE, ensure_connected, require_capacity
-from .host import INNER_BACKENDS, NEED_REPO, SandboxHost, is_local_path
-from .pool import POOL, Host, connected, kill, pool_key, session_of
+from patchgym.sandboxes.base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
+from patchgym.sandboxes.limits import ResourceLimits
+from patchgym.sandboxes.local import SandboxSpec
+from patchgym.sandboxes.ray_cluster.channel import TOKEN_BYTES, Channel
+from patchgym.sandboxes.ray_cluster.connect import RESOURCE, ensure_connected, require_capacity
+from patchgym.sandboxes.ray_cluster.host import INNER_BACKENDS, NEED_REPO, SandboxHost, is_local_path
+from patchgym.sandboxes.ray_cluster.pool import POOL, Host, connected, kill, pool_key, session_of
+from patchgym.sandboxes.repos import git
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ def commands_of(pids: list[int]) -> list[str]:
 def build_environments() -> None:
     """Build each bundled environment once (on a throw-away local sandbox), while there is a network:
     the cluster's nodes then find them in the cache they share with this process."""
-    from tasks.backends import make_sandbox
-    from tasks.catalog import load_task_set
+    from patchgym.tasks.backends import make_sandbox
+    from patchgym.tasks.catalog import load_task_set
 
     built = set()
     for task in load_task_set():

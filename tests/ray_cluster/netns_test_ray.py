@@ -20,17 +20,17 @@ import httpx
 import pytest
 import ray
 
-from gym_envs.envs.repo_env import RepoEnv
-from gym_envs.grading.verifier import Verifier
-from sandboxes import SandboxClosedError, SandboxError
-from sandboxes.ray_cluster import RaySandbox, RayUnavailableError
-from sandboxes.ray_cluster import sandbox as ray_sandbox
-from sandboxes.ray_cluster.channel import Channel
-from sandboxes.ray_cluster.host import shipped_dir
-from sandboxes.ray_cluster.pool import POOL
-from server.app import create_app
-from tasks.backends import make_sandbox, sandbox_factory, sandbox_spec
-from tasks.catalog import load_task_set
+from patchgym.grading.verifier import Verifier
+from patchgym.gym_envs.repo_env import RepoEnv
+from patchgym.sandboxes import SandboxClosedError, SandboxError
+from patchgym.sandboxes.ray_cluster import RaySandbox, RayUnavailableError
+from patchgym.sandboxes.ray_cluster import sandbox as ray_sandbox
+from patchgym.sandboxes.ray_cluster.channel import Channel
+from patchgym.sandboxes.ray_cluster.host import shipped_dir
+from patchgym.sandboxes.ray_cluster.pool import POOL
+from patchgym.server.app import create_app
+from patchgym.tasks.backends import make_sandbox, sandbox_factory, sandbox_spec
+from patchgym.tasks.catalog import load_task_set
 from tests.ray_cluster.helpers import SLOTS_PER_NODE, commands_of, interfaces, processes_with
 from tests.serving import serve
 
@@ -262,8 +262,8 @@ DRIVER = textwrap.dedent("""
     import json, sys, threading, time
     import ray
     ray.init(address=sys.argv[1], log_to_driver=False)
-    from tasks.backends import make_sandbox
-    from tasks.catalog import load_task_set
+    from patchgym.tasks.backends import make_sandbox
+    from patchgym.tasks.catalog import load_task_set
     task = load_task_set().get("patchgym__semverkit-1")
     boxes = [make_sandbox(task, "ray") for _ in range(2)]
     for box in boxes:
@@ -319,7 +319,7 @@ def test_eval_cli_resolves_bundled_tasks_with_sandboxes_on_both_nodes(cluster, t
     issue 14, to keep the suite's time)."""
     out = tmp_path / "gold"
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "eval", "--backend", "ray", "--ray-address", cluster.address,
+        [sys.executable, "-m", "patchgym.cli", "eval", "--backend", "ray", "--ray-address", cluster.address,
          "--predictions", "gold", "--workers", "4", "--output", str(out), "--instance-ids", ",".join(EVAL_IDS)],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -333,7 +333,7 @@ def test_eval_cli_resolves_bundled_tasks_with_sandboxes_on_both_nodes(cluster, t
 def test_eval_cli_refuses_an_unreachable_cluster_quickly():
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "cli", "eval", "--backend", "ray", "--ray-address", "127.0.0.1:9",
+        [sys.executable, "-m", "patchgym.cli", "eval", "--backend", "ray", "--ray-address", "127.0.0.1:9",
          "--predictions", "gold", "--instance-ids", "patchgym__semverkit-1"],
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2 and "cannot connect to Ray at 127.0.0.1:9" in proc.stderr, proc.stderr

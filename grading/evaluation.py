@@ -1,0 +1,161 @@
+"""Evaluate predictions on a task set: SWE-bench's run reports, in parallel, resumable.
+
+Writes ``DIR/<instance_id>/report.json`` (plus the applied patch and the test log beside it) for
+each instance and ``DIR/report.json`` for the run, with SWE-bench's counts and id lists, and what
+grading cost per instance (``cost``, :func:`patchgym.grading.cost.summarize`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patchgym.grading.cost import summarize
+from patchgym.grading.labels import settle
+from patchgym.grading.parallel import run_parallel
+from patchgym.grading.verifier import InstanceReport, Verifier
+from patchgym.tasks.catalog import TaskSet
+from patchgym.tasks.model import safe_name
+from patchgym.tasks.predictions import Prediction
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "report.json"
+
+
+@dataclass
+class RunSummary:
+    """The run report: SWE-bench's fields (counts and ``*_ids``) plus patchgym's additions."""
+
+    total_ids: list[str]
+    submitted_ids: list[str] = field(default_factory=list)
+    completed_ids: list[str] = field(default_factory=list)
+    resolved_ids: list[str] = field(default_factory=list)
+    unresolved_ids: list[str] = field(default_factory=list)
+    empty_patch_ids: list[str] = field(default_factory=list)
+    error_ids: list[str] = field(default_factory=list)
+    resumed_ids: list[str] = field(default_factory=list)  # already reported by an earlier run
+    # instance ids by how their grading ended (grading.labels)
+    outcome_ids: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0
+    cost: dict[str, Any] | None = None  # per instance graded: grading.cost.summarize
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error"):
+            ids = getattr(self, f"{name}_ids")
+            out[f"{name}_instances"] = len(ids)
+        for name in ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error"):
+            out[f"{name}_ids"] = sorted(getattr(self, f"{name}_ids"))
+        out["resumed_ids"] = sorted(self.resumed_ids)
+        out["outcome_ids"] = {label: sorted(ids) for label, ids in sorted(self.outcome_ids.items())}
+        out["schema_version"] = 2
+        out["seconds"] = round(self.seconds, 2)
+        out["cost"] = self.cost
+        return out
+
+
+def instance_dir(output: Path, instance_id: str) -> Path:
+    return output / safe_name(instance_id)
+
+
+def write_instance(output: Path, report: InstanceReport, patch: str | None) -> None:
+    """Write one instance's report, patch and test log (report last, so resume sees whole ones)."""
+    d = instance_dir(output, report.instance_id)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "patch.diff").write_text(patch or "", encoding="utf-8")
+    (d / "test_output.txt").write_text(report.test_output, encoding="utf-8")
+    tmp = d / f".{REPORT_FILE}.tmp"
+    tmp.write_text(json.dumps({report.instance_id: report.swebench_dict()}, indent=2), encoding="utf-8")
+    os.replace(tmp, d / REPORT_FILE)
+
+
+def read_instance(output: Path, instance_id: str, patch: str | None) -> InstanceReport | None:
+    """The report an earlier run wrote for this instance, if it graded this same patch."""
+    d = instance_dir(output, instance_id)
+    try:
+        if (d / "patch.diff").read_text(encoding="utf-8") != (patch or ""):
+            return None  # the prediction changed since: grade it again
+        data = json.loads((d / REPORT_FILE).read_text(encoding="utf-8"))
+        return InstanceReport.model_validate(data[instance_id])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def evaluate(
+    tasks: TaskSet,
+    predictions: dict[str, Prediction],
+    output: Path,
+    *,
+    verifier: Verifier,
+    workers: int = 1,
+    force: bool = False,
+    on_done: Callable[[InstanceReport, bool], None] | None = None,
+) -> RunSummary:
+    """Grade every prediction; ``on_done(report, resumed)`` is called as each instance finishes."""
+    started = time.monotonic()
+    output.mkdir(parents=True, exist_ok=True)
+    summary = RunSummary(total_ids=tasks.ids)
+    reports: dict[str, InstanceReport] = {}
+    todo: list[str] = []
+    for task in tasks:
+        pred = predictions.get(task.instance_id)
+        if pred is None:
+            continue
+        summary.submitted_ids.append(task.instance_id)
+        previous = None if force else read_instance(output, task.instance_id, pred.model_patch)
+        if previous is not None and not previous.infrastructure_failure:
+            reports[task.instance_id] = previous
+            summary.resumed_ids.append(task.instance_id)
+            if on_done:
+                on_done(previous, True)
+        else:
+            todo.append(task.instance_id)
+
+    def run_one(instance_id: str) -> InstanceReport:
+        pred = predictions[instance_id]
+        task = tasks.get(instance_id)
+        try:
+            report = verifier.verify(task, pred.model_patch, model_name=pred.model_name_or_path)
+        except Exception as exc:  # a harness bug must not take the whole run down
+            log.exception("%s: evaluation crashed", instance_id)
+            report = InstanceReport(instance_id=instance_id, model_name_or_path=pred.model_name_or_path,
+                                    patch_is_None=pred.model_patch is None,
+                                    patch_exists=bool(pred.model_patch and pred.model_patch.strip()),
+                                    infrastructure_failure=True,
+                                    infrastructure_failure_reason=f"harness error: {type(exc).__name__}: {exc}")
+            settle(report)
+        write_instance(output, report, pred.model_patch)
+        return report
+
+    def finished(report: InstanceReport) -> None:
+        reports[report.instance_id] = report
+        if on_done:
+            on_done(report, False)
+
+    run_parallel(run_one, todo, workers, finished)
+
+    for instance_id in summary.submitted_ids:
+        report = settle(reports[instance_id])
+        summary.outcome_ids.setdefault(str(report.outcome), []).append(instance_id)
+        if report.infrastructure_failure:
+            summary.error_ids.append(instance_id)
+            continue
+        if not report.patch_exists:
+            summary.empty_patch_ids.append(instance_id)
+            continue
+        summary.completed_ids.append(instance_id)
+        (summary.resolved_ids if report.resolved else summary.unresolved_ids).append(instance_id)
+    summary.seconds = time.monotonic() - started
+    summary.cost = summarize([reports[i].cost for i in summary.submitted_ids if reports[i].cost is not None],
+                             verifier.prices)
+    tmp = output / f".{REPORT_FILE}.{os.getpid()}.tmp"  # whole or absent, however the run ends
+    tmp.write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, output / REPORT_FILE)
+    return summary

@@ -1,5 +1,0 @@
-"""Tools an agent calls inside a task's sandbox (observations are plain text for the model)."""
-
-from gym_envs.envs.tools.editor import StrReplaceEditor, ToolError
-
-__all__ = ["StrReplaceEditor", "ToolError"]

@@ -1,0 +1,144 @@
+"""The top of the report as plain values: the run's parameters, the summary cards (every number
+the one in ``report.json``, under a stable id with its raw value) and the per-task table."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from patchgym.rollouts.html_report.formats import (
+    fmt_ci,
+    fmt_cost,
+    fmt_cpu,
+    fmt_int,
+    fmt_mib,
+    fmt_rate,
+    fmt_seconds,
+    num,
+    outcome_class,
+    raw,
+)
+
+COLUMNS = [  # (key, header, numeric, format)
+    ("instance_id", "instance", False, None),
+    ("outcome", "outcome", False, None),
+    ("end_reason", "end reason", False, None),
+    ("steps", "steps", True, fmt_int),
+    ("wall_seconds", "wall s", True, fmt_seconds),
+    ("tokens_in", "tokens in", True, fmt_int),
+    ("tokens_out", "tokens out", True, fmt_int),
+    ("cost_usd", "cost", True, fmt_cost),
+    ("cost.env_cpu_seconds", "env CPU s", True, fmt_cpu),
+    ("cost.test_cpu_seconds", "test CPU s", True, fmt_cpu),
+]
+
+
+def field(row: dict, key: str) -> Any:
+    """``row[key]``, or for ``a.b`` the ``b`` of ``row["a"]`` (the episode's environment cost)."""
+    head, _, rest = key.partition(".")
+    value = row.get(head)
+    return (value.get(rest) if isinstance(value, dict) else None) if rest else value
+
+
+@dataclass(slots=True)
+class Card:
+    """A summary number; ``sub`` a second one beneath it: (kind ``ci`` or ``total``, raw, text)."""
+
+    elem_id: str
+    label: str
+    raw: str
+    text: str
+    sub: tuple[str, str, str] | None = None
+
+
+def _card(elem_id: str, label: str, value: Any, text: str, sub: tuple[str, str, str] | None = None) -> Card:
+    return Card(elem_id, label, raw(value), text, sub)
+
+
+def cards(report: dict) -> list[Card]:
+    resolved, masked, scored = report.get("resolved"), report.get("masked"), report.get("scored")
+    unresolved = report.get("unresolved")
+    if unresolved is None and num(scored) is not None and num(resolved) is not None:
+        unresolved = scored - resolved
+    ci, total = report.get("ci95"), report.get("total")
+    cost = report.get("cost") if isinstance(report.get("cost"), dict) else {}
+    return [
+        _card("resolved-rate", "resolved rate (of scored)", report.get("resolved_rate"),
+              fmt_rate(report.get("resolved_rate")), ("ci", raw(ci), fmt_ci(ci))),
+        _card("resolved", "resolved", resolved, fmt_int(resolved)),
+        _card("unresolved", "unresolved", unresolved, fmt_int(unresolved)),
+        _card("masked", "masked", masked, fmt_int(masked)),
+        _card("scored", "scored", scored, fmt_int(scored)),
+        _card("completed", "completed / total", report.get("completed"), fmt_int(report.get("completed")),
+              ("total", raw(total), fmt_int(total))),
+        _card("tokens-in", "tokens in", report.get("tokens_in"), fmt_int(report.get("tokens_in"))),
+        _card("tokens-out", "tokens out", report.get("tokens_out"), fmt_int(report.get("tokens_out"))),
+        _card("cost", "cost (USD)", report.get("cost_usd"), fmt_cost(report.get("cost_usd"))),
+        _card("wall-seconds", "wall time (s)", report.get("wall_seconds"), fmt_seconds(report.get("wall_seconds"))),
+        # what the environment spent per episode (report.json's ``cost``, grading.cost)
+        _card("env-cpu-seconds", "env CPU per episode (s)", cost.get("env_cpu_seconds_mean"),
+              fmt_cpu(cost.get("env_cpu_seconds_mean"))),
+        _card("test-cpu-seconds", "test CPU per episode (s)", cost.get("test_cpu_seconds_mean"),
+              fmt_cpu(cost.get("test_cpu_seconds_mean"))),
+        _card("peak-memory", "peak memory (largest)", cost.get("peak_memory_bytes_max"),
+              fmt_mib(cost.get("peak_memory_bytes_max"))),
+        _card("env-usd-per-1k", "environment $ per 1,000 episodes", cost.get("usd_per_1k_episodes"),
+              fmt_cost(cost.get("usd_per_1k_episodes"))),
+        _card("steps-total", "steps", report.get("steps_total"), fmt_int(report.get("steps_total"))),
+    ]
+
+
+def run_meta(run: Any) -> list[tuple]:
+    """The run's parameters from run.json, each a tuple whose first item names its kind."""
+    if not isinstance(run, dict):
+        return []  # the notes say why
+    bits: list[tuple] = []
+    if run.get("base_url"):
+        bits.append(("endpoint", run["base_url"]))
+    started = num(run.get("started_at"))
+    if started is not None:
+        try:
+            when = _dt.datetime.fromtimestamp(started, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            bits.append(("started", raw(started), when))
+        except (OverflowError, OSError, ValueError):
+            pass
+    price = run.get("price")
+    if isinstance(price, dict):
+        bits.append(("price", price.get("input_per_mtok", "?"), price.get("output_per_mtok", "?")))
+    params = run.get("params")
+    if isinstance(params, dict) and params:
+        bits.append(("params", [(k, json.dumps(v, ensure_ascii=False, default=str)) for k, v in params.items()]))
+    tasks = run.get("tasks")
+    if isinstance(tasks, list):
+        bits.append(("tasks", f"{len(tasks):,} task{'s' if len(tasks) != 1 else ''} requested"))
+    return bits
+
+
+@dataclass(slots=True)
+class Row:
+    """A row of the table: ``cells`` as (column key, data-sort, text, CSS class of the outcome badge)."""
+
+    index: int
+    iid: Any
+    cells: list[tuple[str, Any, Any, str]]
+
+
+def table(rows: list[dict]) -> list[Row]:
+    out = []
+    for i, row in enumerate(rows):
+        cells = []
+        for key, _label, numeric, fmt in COLUMNS:
+            value = field(row, key)
+            if key == "instance_id":
+                cells.append((key, value if value is not None else "", value if value is not None else "?", ""))
+            elif key == "outcome":
+                cells.append((key, value or "", value or "—", outcome_class(value)))
+            elif numeric:
+                v = num(value)
+                cells.append(("num", "" if v is None else repr(v), fmt(value), ""))
+            else:
+                cells.append((key, value or "", value or "—", ""))
+        out.append(Row(i, row.get("instance_id", ""), cells))
+    return out
