@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_sandbox import print_results, summary  # noqa: E402  (also puts the repository on sys.path)
 
 from patchgym import load_task_set  # noqa: E402
+from patchgym.sandboxes.base import ResourceLimits  # noqa: E402
 from patchgym.sandboxes.docker import DockerSandbox, WarmPool  # noqa: E402
-from patchgym.sandboxes.limits import ResourceLimits  # noqa: E402
 from patchgym.tasks.backends import sandbox_spec  # noqa: E402
 
 # mini-swe-agent's side, run by --mswea-python: one JSON request per line, one JSON answer per line.

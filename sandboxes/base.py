@@ -1,19 +1,29 @@
-"""The sandbox protocol: what every backend (local, docker, ray) offers the gym.
+"""The sandbox protocol, and what every backend (local, docker, ray) shares: what a sandbox is made
+of (:class:`SandboxSpec`, :class:`EnvironmentSpec`), its bounds (:class:`ResourceLimits`), what a
+command gives back (:class:`ExecResult`) and the errors.
 
 A sandbox holds one repository checkout (the *workspace*) at a base commit, with the task's
 environment ready, and runs untrusted commands in it. The gym never touches a backend's internals:
-it only calls the methods of :class:`Sandbox`.
+it only calls the methods of :class:`Sandbox`. The backends are siblings that import this module,
+never each other.
+
+This module is also copied into sandboxes (as ``pgrt.base``) and run there by other interpreters
+(3.6 on): the standard library only, and the relative import below.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from .files import PathOutsideWorkspaceError  # relative: copied into sandboxes as the package pgrt
 
-__all__ = ["ClosesItself", "EnvironmentBuildError", "ExecResult", "PathOutsideWorkspaceError", "Sandbox",
-           "SandboxClosedError", "SandboxError", "SandboxUsage", "WorkspaceError", "usage_of"]
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
+
+__all__ = ["ClosesItself", "EnvironmentBuildError", "EnvironmentSpec", "ExecResult", "PathOutsideWorkspaceError",
+           "ResourceLimits", "Sandbox", "SandboxClosedError", "SandboxError", "SandboxSpec", "SandboxUsage",
+           "WorkspaceError", "usage_of"]
 
 _Self = TypeVar("_Self", bound="ClosesItself")
 
@@ -82,6 +92,80 @@ class WorkspaceError(Exception):
     masks, and nothing an agent does to its own workspace may get its sample masked. This is the
     agent's failure.
     """
+
+
+# -- what a sandbox is made of ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """How to build the environment a repository's tests run in.
+
+    ``python`` is a PEP 440 constraint (``">=3.9"``) or a bare version (``"3.11"``). ``pre_install``
+    runs first, then ``packages`` are pip-installed, then ``install`` runs in a checkout of the
+    repository (at ``/testbed`` when isolated) — e.g. ``pip install -e .``.
+    """
+
+    python: str = ">=3.8"
+    packages: tuple[str, ...] = ()
+    pre_install: tuple[str, ...] = ()
+    install: tuple[str, ...] = ()
+
+    def specifier(self) -> SpecifierSet:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet  # here: pgrt has no packaging
+
+        text = self.python.strip()
+        if text and text[0].isdigit():
+            text = f"=={text}.*" if text.count(".") < 2 else f"=={text}"
+        try:
+            return SpecifierSet(text)
+        except InvalidSpecifier as exc:
+            raise EnvironmentBuildError(f"invalid python constraint {self.python!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox is made of: a repository at a commit and the environment to run it in.
+
+    ``repo`` is a path or URL git can clone (a directory, a bundle file, a remote). ``hidden_paths``
+    are host paths no command may read (the task catalog: hidden tests and gold patches).
+    """
+
+    repo: str
+    base_commit: str
+    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    hidden_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """Bounds on what one sandbox's processes may use.
+
+    ``cpu_seconds``, ``file_size_bytes`` and ``open_files`` are per process (rlimits);
+    ``memory_bytes`` and ``max_processes`` bound the sandbox's whole process tree when cgroups are
+    available, and fall back to per-process rlimits (which do not bind root) when they are not.
+    A command that keeps ``max_processes`` reached (a fork bomb) is killed within seconds.
+
+    ``disk_bytes`` and ``disk_files`` bound what the sandbox may write beyond the repository itself
+    (bytes, and files/directories: inodes); writes past them fail with ENOSPC. Local backend: one
+    budget for the workspace and ``/tmp`` together. Docker backend: each writable mount
+    (``/testbed`` beyond the repository, ``/tmp``, ``/var/tmp``; ``/dev/shm`` and ``/run/lock``
+    get a small share) has its own, and all of them are memory of the container, so
+    ``memory_bytes`` bounds their sum too.
+    """
+
+    cpu_seconds: int = 900
+    memory_bytes: int = 4 << 30
+    max_processes: int = 512
+    file_size_bytes: int = 1 << 30
+    open_files: int = 4096
+    cpus: float = 2.0  # CPU share of a container (Docker backend)
+    disk_bytes: int = 2 << 30
+    disk_files: int = 200_000
+
+
+
+# -- the protocol --------------------------------------------------------------------------------
 
 
 @runtime_checkable

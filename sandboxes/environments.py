@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from patchgym.sandboxes import python_archives
-from patchgym.sandboxes.base import EnvironmentBuildError
+from patchgym.sandboxes.base import EnvironmentBuildError, EnvironmentSpec
 from patchgym.sandboxes.build_errors import step_failed
 from patchgym.sandboxes.bytecode import PREFIX_NAME, build_prefix
 from patchgym.sandboxes.installer import installer_choice, uv_executable, uv_install_argv
@@ -38,30 +38,6 @@ from patchgym.sandboxes.reaper import owned_name, staging_path
 log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 1800.0
-
-
-@dataclass(frozen=True)
-class EnvironmentSpec:
-    """How to build the environment a repository's tests run in.
-
-    ``python`` is a PEP 440 constraint (``">=3.9"``) or a bare version (``"3.11"``). ``pre_install``
-    runs first, then ``packages`` are pip-installed, then ``install`` runs in a checkout of the
-    repository (at ``/testbed`` when isolated) — e.g. ``pip install -e .``.
-    """
-
-    python: str = ">=3.8"
-    packages: tuple[str, ...] = ()
-    pre_install: tuple[str, ...] = ()
-    install: tuple[str, ...] = ()
-
-    def specifier(self) -> SpecifierSet:
-        text = self.python.strip()
-        if text and text[0].isdigit():
-            text = f"=={text}.*" if text.count(".") < 2 else f"=={text}"
-        try:
-            return SpecifierSet(text)
-        except InvalidSpecifier as exc:
-            raise EnvironmentBuildError(f"invalid python constraint {self.python!r}: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import shutil
 import signal
 import time
 import uuid
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from patchgym.sandboxes.base import ResourceLimits
 from patchgym.sandboxes.process import is_dead_or_exiting
 from patchgym.sandboxes.reaper import owned_name, stale_children
 
@@ -25,33 +25,6 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "patchgym"
-
-
-@dataclass(frozen=True)
-class ResourceLimits:
-    """Bounds on what one sandbox's processes may use.
-
-    ``cpu_seconds``, ``file_size_bytes`` and ``open_files`` are per process (rlimits);
-    ``memory_bytes`` and ``max_processes`` bound the sandbox's whole process tree when cgroups are
-    available, and fall back to per-process rlimits (which do not bind root) when they are not.
-    A command that keeps ``max_processes`` reached (a fork bomb) is killed within seconds.
-
-    ``disk_bytes`` and ``disk_files`` bound what the sandbox may write beyond the repository itself
-    (bytes, and files/directories: inodes); writes past them fail with ENOSPC. Local backend: one
-    budget for the workspace and ``/tmp`` together. Docker backend: each writable mount
-    (``/testbed`` beyond the repository, ``/tmp``, ``/var/tmp``; ``/dev/shm`` and ``/run/lock``
-    get a small share) has its own, and all of them are memory of the container, so
-    ``memory_bytes`` bounds their sum too.
-    """
-
-    cpu_seconds: int = 900
-    memory_bytes: int = 4 << 30
-    max_processes: int = 512
-    file_size_bytes: int = 1 << 30
-    open_files: int = 4096
-    cpus: float = 2.0  # CPU share of a container (Docker backend)
-    disk_bytes: int = 2 << 30
-    disk_files: int = 200_000
 
 
 class ProcessGroup:

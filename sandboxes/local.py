@@ -21,15 +21,21 @@ import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from patchgym.sandboxes.base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
+from patchgym.sandboxes.base import (
+    ClosesItself,
+    ExecResult,
+    ResourceLimits,
+    SandboxClosedError,
+    SandboxError,
+    SandboxSpec,
+    SandboxUsage,
+)
 from patchgym.sandboxes.bytecode import PREFIX_ENV
 from patchgym.sandboxes.environments import (
     BuiltEnvironment,
-    EnvironmentSpec,
     ensure_environment,
     run_logged,
     venv_environ,
@@ -40,7 +46,7 @@ from patchgym.sandboxes.init_process import InitProcess, init_interpreter, runti
 from patchgym.sandboxes.install_inputs import install_inputs_digest, shareable_install
 from patchgym.sandboxes.isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from patchgym.sandboxes.lifetime import parent_checked
-from patchgym.sandboxes.limits import LAUNCH_FAILED, ProcessGroup, ResourceLimits, launcher
+from patchgym.sandboxes.limits import LAUNCH_FAILED, ProcessGroup, launcher
 from patchgym.sandboxes.mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
 from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT
 from patchgym.sandboxes.paths import cache_dir
@@ -53,20 +59,6 @@ log = logging.getLogger(__name__)
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _warned_unisolated = False
 _warned_unbounded = False
-
-
-@dataclass(frozen=True)
-class SandboxSpec:
-    """What a sandbox is made of: a repository at a commit and the environment to run it in.
-
-    ``repo`` is a path or URL git can clone (a directory, a bundle file, a remote). ``hidden_paths``
-    are host paths no command may read (the task catalog: hidden tests and gold patches).
-    """
-
-    repo: str
-    base_commit: str
-    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
-    hidden_paths: tuple[str, ...] = ()
 
 
 def environment_checkout_id(spec: SandboxSpec, template: Path) -> str:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from patchgym.sandboxes.environments import EnvironmentSpec, ensure_environment, ready_venv
+from patchgym.sandboxes.base import EnvironmentSpec
+from patchgym.sandboxes.environments import ensure_environment, ready_venv
 from patchgym.sandboxes.lifetime import ORPHANED_EXIT, parent_checked, run_checked, setpriv_path
 from patchgym.sandboxes.process import is_dead_or_exiting
 
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.skipif(setpriv_path() is None, reason="setpriv (util-li
 
 BUILDER = """
 import sys
-from patchgym.sandboxes.environments import EnvironmentSpec, ensure_environment
+from patchgym.sandboxes.environments import ensure_environment
+from patchgym.sandboxes.base import EnvironmentSpec
 ensure_environment(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)))
 """
 
@@ -284,7 +286,7 @@ def test_a_build_held_by_a_live_owner_is_waited_for_not_taken(namespace):
 IMAGE_BUILDER = """
 import sys
 from patchgym.sandboxes.docker.images import environment_image
-from patchgym.sandboxes.environments import EnvironmentSpec
+from patchgym.sandboxes.base import EnvironmentSpec
 environment_image(EnvironmentSpec(python=sys.argv[1], pre_install=(sys.argv[2],)))
 """
 # The runtime's build, its step held up (it takes a second or two) until the builder is killed.

@@ -12,9 +12,8 @@ import gymnasium as gym
 import pytest
 
 import patchgym.gym_envs  # noqa: F401
-from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.base import ResourceLimits, SandboxError
 from patchgym.sandboxes.docker.client import owner_id
-from patchgym.sandboxes.limits import ResourceLimits
 from patchgym.tasks.backends import sandbox_spec
 
 

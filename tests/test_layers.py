@@ -106,6 +106,37 @@ def test_imports_point_down_the_floors():
     assert not wrong, "\n".join(wrong)
 
 
+BACKENDS = {"local": ("patchgym.sandboxes.local",), "docker": ("patchgym.sandboxes.docker",),
+            "ray": ("patchgym.sandboxes.ray_cluster",)}
+
+
+def backend_of(module: str) -> str | None:
+    return next((name for name, prefixes in BACKENDS.items()
+                 if any(module == p or module.startswith(p + ".") for p in prefixes)), None)
+
+
+def test_the_sandbox_backends_are_siblings():
+    """Each backend imports what they share (``sandboxes/base.py`` and the helpers beside it), never
+    another backend; only the ray backend, which hosts a local or docker sandbox on its node (and
+    its guard reaps what they left), imports them, and only when it does (inside a function)."""
+    found = modules()
+    known = set(found)
+    wrong = []
+    for name, path in sorted(found.items()):
+        mine = backend_of(name)
+        if mine is None:
+            continue
+        at_import = project_imports(name, path, known, top_level_only=True)
+        for target in sorted(project_imports(name, path, known)):
+            theirs = backend_of(target)
+            if theirs is None or theirs == mine:
+                continue
+            if mine == "ray" and target not in at_import:
+                continue
+            wrong.append(f"{name} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_code_run_inside_sandboxes_imports_nothing_of_patchgym_by_name():
     wrong = [f"{name} imports {target}" for name, path in sorted(modules().items())
              if name.startswith(SANDBOX_SIDE) and name != "patchgym.grading.pytest_runtime"

@@ -35,7 +35,8 @@ from patchgym.grading import integrity
 from patchgym.grading.testrun import missing_protections
 from patchgym.grading.verifier import Verifier
 from patchgym.sandboxes import python_archives
-from patchgym.sandboxes.environments import EnvironmentBuildError, EnvironmentSpec, find_interpreter
+from patchgym.sandboxes.base import EnvironmentSpec
+from patchgym.sandboxes.environments import EnvironmentBuildError, find_interpreter
 from patchgym.tasks.backends import sandbox_factory
 from patchgym.tasks.model import Task
 from tests import test_forgery_runners as runner_forgery

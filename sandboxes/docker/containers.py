@@ -18,7 +18,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
-from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.base import ResourceLimits, SandboxError
 from patchgym.sandboxes.docker.client import (
     KIND_LABEL,
     MANAGED_LABEL,
@@ -31,7 +31,6 @@ from patchgym.sandboxes.docker.client import (
 )
 from patchgym.sandboxes.docker.connection import attach
 from patchgym.sandboxes.docker.runtime import RUNTIME_MOUNT, SERVER, discard_runtime, runtime_volume
-from patchgym.sandboxes.limits import ResourceLimits
 
 log = logging.getLogger(__name__)
 

@@ -71,7 +71,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from patchgym.sandboxes import python_archives
-from patchgym.sandboxes.base import EnvironmentBuildError, SandboxError
+from patchgym.sandboxes.base import EnvironmentBuildError, EnvironmentSpec, SandboxError
 from patchgym.sandboxes.build_errors import step_failed
 from patchgym.sandboxes.bytecode import PREFIX_ENV, compiler_source
 from patchgym.sandboxes.docker.build_mutex import build_name, claim, owner_labels
@@ -86,7 +86,6 @@ from patchgym.sandboxes.docker.client import (
     remove_container,
 )
 from patchgym.sandboxes.docker.connection import attach
-from patchgym.sandboxes.environments import EnvironmentSpec
 from patchgym.sandboxes.installer import uv_executable
 from patchgym.sandboxes.lifetime import run_checked
 from patchgym.sandboxes.locks import file_lock

@@ -33,9 +33,8 @@ import threading
 import time
 from collections import deque
 
-from patchgym.sandboxes.base import SandboxError
+from patchgym.sandboxes.base import ResourceLimits, SandboxError
 from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, removals, remove_container, start_container
-from patchgym.sandboxes.limits import ResourceLimits
 
 log = logging.getLogger(__name__)
 

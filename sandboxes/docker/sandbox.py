@@ -21,8 +21,10 @@ from patchgym.sandboxes.base import (
     ClosesItself,
     ExecResult,
     PathOutsideWorkspaceError,
+    ResourceLimits,
     SandboxClosedError,
     SandboxError,
+    SandboxSpec,
     SandboxUsage,
     WorkspaceError,
 )
@@ -30,8 +32,6 @@ from patchgym.sandboxes.docker.connection import ServerError
 from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, removals, remove_container, start_container
 from patchgym.sandboxes.docker.pool import WarmPool
 from patchgym.sandboxes.gitops import DIFF_LIMIT
-from patchgym.sandboxes.limits import ResourceLimits
-from patchgym.sandboxes.local import SandboxSpec
 from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT, CappedOutput
 
 GRACE = 30.0  # beyond a command's own timeout before the server counts as hung

@@ -24,9 +24,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from patchgym.sandboxes.base import EnvironmentBuildError, SandboxClosedError, SandboxError, usage_of
-from patchgym.sandboxes.limits import ResourceLimits
-from patchgym.sandboxes.local import SandboxSpec
+from patchgym.sandboxes.base import (
+    EnvironmentBuildError,
+    ResourceLimits,
+    SandboxClosedError,
+    SandboxError,
+    SandboxSpec,
+    usage_of,
+)
 from patchgym.sandboxes.locks import file_lock
 from patchgym.sandboxes.paths import cache_dir
 from patchgym.sandboxes.ray_cluster.channel import ChannelServer

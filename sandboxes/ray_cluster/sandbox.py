@@ -27,9 +27,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from patchgym.sandboxes.base import ClosesItself, ExecResult, SandboxClosedError, SandboxError, SandboxUsage
-from patchgym.sandboxes.limits import ResourceLimits
-from patchgym.sandboxes.local import SandboxSpec
+from patchgym.sandboxes.base import (
+    ClosesItself,
+    ExecResult,
+    ResourceLimits,
+    SandboxClosedError,
+    SandboxError,
+    SandboxSpec,
+    SandboxUsage,
+)
 from patchgym.sandboxes.ray_cluster.channel import TOKEN_BYTES, Channel
 from patchgym.sandboxes.ray_cluster.connect import RESOURCE, ensure_connected, require_capacity
 from patchgym.sandboxes.ray_cluster.host import INNER_BACKENDS, NEED_REPO, SandboxHost, is_local_path
