@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from patchgym.grading.patches import FilePatch, PatchError, parse_patch, render_patch
+from patchgym.grading.patches import FilePatch, PatchError, render_patch
 from patchgym.sandboxes import Sandbox, SandboxError
 from patchgym.sandboxes.gitops import SAFE_GIT
 
@@ -25,26 +25,25 @@ GIT_APPLY = (f"{SAFE_GIT} -c core.attributesFile=/dev/null -c core.autocrlf=fals
 FUZZY_PATCH = "patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch"
 
 
-def _parsed(files_or_text: str | Sequence[FilePatch]) -> list[FilePatch]:
-    files = parse_patch(files_or_text) if isinstance(files_or_text, str) else list(files_or_text)
+def _nonempty(files: Sequence[FilePatch]) -> Sequence[FilePatch]:
     if not files:
         raise PatchError("the patch changes no file")
     return files
 
 
-def stage_patch(sandbox: Sandbox, files_or_text: str | Sequence[FilePatch]) -> str:
+def stage_patch(sandbox: Sandbox, files: Sequence[FilePatch]) -> str:
     """Write the patch's canonical text into the workspace under a random name, for
     :func:`apply_patch` (``staged=``) to apply later: the grader stages the test patch *before*
     the agent's patch is applied, so that nothing the agent's patch creates (a directory where the
     copy goes, a full quota) stands in the way of writing it."""
     path = f"{PATCH_FILE[:-5]}-{uuid.uuid4().hex}.diff"
-    sandbox.write_file(path, render_patch(_parsed(files_or_text)).encode("utf-8", "surrogateescape"))
+    sandbox.write_file(path, render_patch(list(_nonempty(files))).encode("utf-8", "surrogateescape"))
     return path
 
 
-def apply_patch(sandbox: Sandbox, files_or_text: str | Sequence[FilePatch], *, fuzzy: bool = True,
+def apply_patch(sandbox: Sandbox, files: Sequence[FilePatch], *, fuzzy: bool = True,
                 staged: str | None = None) -> str | None:
-    """Apply the files (text is parsed first, raising :class:`PatchError`); return the method that
+    """Apply the parsed files (:func:`.patches.parse_patch`; none is a :class:`PatchError`); return the method that
     worked (``"git apply"`` or ``"patch --fuzz"``), or None if neither did. ``staged``: the path
     :func:`stage_patch` wrote the same patch to (kept; otherwise a copy is written and removed).
 
@@ -53,7 +52,7 @@ def apply_patch(sandbox: Sandbox, files_or_text: str | Sequence[FilePatch], *, f
     sandbox start); the last output line names the method that worked. Raises SandboxError when that
     line is missing: the script itself did not run.
     """
-    files = _parsed(files_or_text)
+    files = _nonempty(files)
     path = staged or stage_patch(sandbox, files)
     fuzz = f"{FUZZY_PATCH} -i {path}"
     fallback = (f"elif {fuzz} --dry-run >/dev/null && {fuzz}; then m='patch --fuzz'; "

@@ -25,6 +25,7 @@ import base64
 import fnmatch
 import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -779,28 +780,40 @@ def drop_reason(file: FilePatch, protected: set[str], *, allow_compiled: bool = 
 
 @dataclass
 class FilteredPatch:
-    """The agent's patch to apply (re-rendered kept sections, never the agent's own text), and the
-    paths dropped from it with the reason for each."""
+    """The agent's patch to apply (the kept sections, as parsed: what is applied is their canonical
+    rendering, never the agent's own text), and the paths dropped from it with the reason for each."""
 
-    text: str
+    files: list[FilePatch] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def text(self) -> str:
+        """The kept sections' canonical text (what the appliers read)."""
+        return render_patch(self.files)
 
-def filter_agent_patch(diff: str, protected: set[str], *, allow_compiled: bool = False) -> FilteredPatch:
-    """Drop the sections of ``diff`` that :func:`drop_reason` refuses; raises :class:`PatchError` if
-    the diff cannot be read or is larger than ``MAX_PATCH_BYTES``."""
+
+def read_agent_patch(diff: str) -> list[FilePatch]:
+    """The agent's diff, parsed once for the whole grading; raises :class:`PatchError` if it cannot
+    be read or is larger than ``MAX_PATCH_BYTES`` (checked before parsing)."""
     if len(diff) > MAX_PATCH_BYTES or len(diff.encode("utf-8", "surrogateescape")) > MAX_PATCH_BYTES:
         raise PatchError(f"the patch is larger than {MAX_PATCH_BYTES} bytes")
+    return parse_patch(diff)
+
+
+def filter_agent_patch(files: Sequence[FilePatch], protected: set[str], *, allow_compiled: bool = False,
+                       ) -> FilteredPatch:
+    """Drop the sections of the parsed patch (:func:`read_agent_patch`) that :func:`drop_reason`
+    refuses."""
     kept: list[FilePatch] = []
     reasons: dict[str, str] = {}
-    for f in parse_patch(diff):
+    for f in files:
         reason = drop_reason(f, protected, allow_compiled=allow_compiled)
         if reason is None:
             kept.append(f)
         else:
             reasons.update({p: _path_reason(p, protected, allow_compiled) or reason for p in f.paths})
-    return FilteredPatch(render_patch(kept), sorted(reasons), reasons)
+    return FilteredPatch(kept, sorted(reasons), reasons)
 
 
 # --- lenient readers of trusted diffs -------------------------------------------------------------

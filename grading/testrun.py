@@ -20,6 +20,7 @@ from patchgym.grading import integrity, labels, runners, script_canaries
 from patchgym.grading.declared import DeclaredTests, conftests_of, files_of
 from patchgym.grading.outcome import JunitError, TestStatus, parse_junit
 from patchgym.grading.patch_apply import apply_patch, stage_patch
+from patchgym.grading.patches import FilePatch, parse_patch
 from patchgym.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from patchgym.grading.pytest_runtime.bootstrap import NO_BYTECODE, START_FAILED
 from patchgym.sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
@@ -106,13 +107,13 @@ class HarnessFiles:
     test_patch: str | None = None  # the staged copy (:func:`.patch_apply.stage_patch`), if any
 
 
-def place_harness_files(sandbox: Sandbox, test_patch: str = "") -> HarnessFiles:
-    """Write the runtime, empty results and junit files and a copy of ``test_patch`` (when not
-    empty) into ``sandbox`` under fresh random names."""
+def place_harness_files(sandbox: Sandbox, test_patch: Sequence[FilePatch] = ()) -> HarnessFiles:
+    """Write the runtime, empty results and junit files and a copy of ``test_patch`` (parsed; when
+    not empty) into ``sandbox`` under fresh random names."""
     nonce = uuid.uuid4().hex
     files = HarnessFiles(runtime=f".patchgym-rt-{nonce}", results=f".patchgym-results-{nonce}.jsonl",
                          junit=f".patchgym-junit-{nonce}.xml",
-                         test_patch=stage_patch(sandbox, test_patch) if test_patch.strip() else None)
+                         test_patch=stage_patch(sandbox, test_patch) if test_patch else None)
     for name in RUNTIME_FILES:
         data = runtime_file(name)
         if name == "audit.py" and not AUDIT_HOOK:
@@ -504,7 +505,7 @@ def probe(task: Task, patches: Sequence[str] = (), tests: Sequence[str] = (),
     try:
         applied = []
         for patch in patches:
-            ok = not patch.strip() or apply_patch(sandbox, patch, fuzzy=False) is not None
+            ok = not patch.strip() or apply_patch(sandbox, parse_patch(patch), fuzzy=False) is not None
             applied.append(ok)
             if not ok:
                 return TestRun({}, "", "", None, False, error="a patch does not apply", applied=applied)

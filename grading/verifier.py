@@ -26,7 +26,7 @@ from patchgym.grading.cost import CostMeter, EpisodeCost, Prices
 from patchgym.grading.labels import Outcome, settle
 from patchgym.grading.outcome import grade
 from patchgym.grading.patch_apply import apply_patch
-from patchgym.grading.patches import PatchError, filter_agent_patch, parse_patch, touched_paths
+from patchgym.grading.patches import FilePatch, PatchError, filter_agent_patch, parse_patch, read_agent_patch
 from patchgym.grading.runners import changed_test_files
 from patchgym.grading.testrun import HarnessFiles, place_harness_files, probe, run_tests
 from patchgym.sandboxes import EnvironmentBuildError, Sandbox, SandboxClosedError, SandboxError
@@ -110,9 +110,10 @@ class Verifier:
         if not report.patch_exists and not run_empty:
             report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
             return report
+        files: list[FilePatch] = []  # the agent's patch, parsed here once for the whole grading
         if report.patch_exists:
             try:
-                parse_patch(patch or "")
+                files = read_agent_patch(patch or "")
             except PatchError as exc:
                 # Nothing to apply (or nothing it is safe to read): the agent's failure, said without
                 # paying for a sandbox.
@@ -125,7 +126,7 @@ class Verifier:
             sandbox = self.factory(task)
             placement = getattr(sandbox, "placement", None)
             report.placement = dict(placement) if placement else None
-            report = _grade(sandbox, task, patch or "", report, meter)
+            report = _grade(sandbox, task, files, report, meter)
             if report._failed_after_patch is not None:
                 self._settle_failure(task, report)
             if report.tampering_detected:
@@ -178,7 +179,7 @@ class Verifier:
             return None
         sandbox = self.factory(task)
         try:
-            if apply_patch(sandbox, task.test_patch, fuzzy=False) is None:
+            if apply_patch(sandbox, parse_patch(task.test_patch), fuzzy=False) is None:
                 return "the task's test patch does not apply (the task is broken)"
             return None
         finally:
@@ -199,29 +200,29 @@ class Verifier:
         return passed / len(task.FAIL_TO_PASS)
 
     @staticmethod
-    def _grade_in(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> None:
-        protected = touched_paths(task.test_patch)
+    def _grade_in(sandbox: Sandbox, task: Task, files: list[FilePatch], report: InstanceReport,
+                  meter: CostMeter) -> None:
+        """Grade the agent's parsed patch (``files``, from :func:`.patches.read_agent_patch`) in
+        ``sandbox``; the test patch is parsed once here too, for the paths it protects, its staged
+        copy and its application."""
+        test_files = parse_patch(task.test_patch) if task.test_patch.strip() else []
+        protected = {path for section in test_files for path in section.paths}
         filtered = None
-        if patch.strip():
+        if files:
             try:
-                filtered = filter_agent_patch(patch, protected,
-                                              allow_compiled=task.test_spec.allow_compiled_files)
-            except PatchError as exc:  # the agent's failure, never infrastructure
-                report.error = f"the patch cannot be parsed: {exc}"
-                report.outcome = Outcome.AGENT_FAILURE
-                return
-            except Exception as exc:  # the parser broke on the agent's text: still never masked
-                log.exception("%s: the patch parser failed", task.instance_id)
+                filtered = filter_agent_patch(files, protected, allow_compiled=task.test_spec.allow_compiled_files)
+            except Exception as exc:  # the filter broke on the agent's sections: still never masked
+                log.exception("%s: the patch filter failed", task.instance_id)
                 report.error = f"the patch cannot be parsed: {type(exc).__name__}: {str(exc)[:500]}"
                 report.outcome = Outcome.AGENT_FAILURE
                 return
             report.ignored_paths = filtered.dropped
         # The harness's own files go in before anything of the agent's (see HarnessFiles).
-        harness = place_harness_files(sandbox, task.test_patch)
+        harness = place_harness_files(sandbox, test_files)
         step = "applying the patch"
         try:
-            if filtered is not None and filtered.text:
-                method = apply_patch(sandbox, filtered.text)
+            if filtered is not None and filtered.files:
+                method = apply_patch(sandbox, filtered.files)
                 if method is None:
                     report.error = "the patch does not apply to the base commit"
                     report.outcome = Outcome.PATCH_DID_NOT_APPLY
@@ -230,7 +231,7 @@ class Verifier:
             report.patch_successfully_applied = True
             step = "applying the test patch"
             # An empty test patch (synthesized tasks: the hidden tests are the existing ones) applies nothing.
-            if harness.test_patch and apply_patch(sandbox, task.test_patch, fuzzy=False,
+            if harness.test_patch and apply_patch(sandbox, test_files, fuzzy=False,
                                                   staged=harness.test_patch) is None:
                 # The agent's change stands in its way, unless it does not apply to the pristine base
                 # either (the task is broken): Verifier._settle_failure looks.
@@ -279,24 +280,25 @@ class Verifier:
             report.error = f"test results contradict the runner's exit code {run.exit_code}"
 
 
-def _grade(sandbox: Sandbox, task: Task, patch: str, report: InstanceReport, meter: CostMeter) -> InstanceReport:
+def _grade(sandbox: Sandbox, task: Task, files: list[FilePatch], report: InstanceReport,
+           meter: CostMeter) -> InstanceReport:
     """Grade in ``sandbox``: here, or where the sandbox offers ``run_near`` (the ray backend), on its
     node in one call, so that the dozen commands and files of a grading make no round trip each and
     the harness's CPU is spent beside the sandbox. The node's meter joins this one."""
     run_near = getattr(sandbox, "run_near", None)
     if not callable(run_near):
-        Verifier._grade_in(sandbox, task, patch, report, meter)
+        Verifier._grade_in(sandbox, task, files, report, meter)
         return report
-    report, node_meter = run_near(_grade_on_node, task, patch, report,
+    report, node_meter = run_near(_grade_on_node, task, files, report,
                                   timeout=task.test_spec.timeout + GRADING_MARGIN)
     meter.absorb(node_meter)
     return report
 
 
-def _grade_on_node(sandbox: Sandbox, task: Task, patch: str,
+def _grade_on_node(sandbox: Sandbox, task: Task, files: list[FilePatch],
                    report: InstanceReport) -> tuple[InstanceReport, CostMeter]:
     """:meth:`Verifier._grade_in` where the sandbox is (called by the sandbox's host, see :func:`_grade`)."""
     meter = CostMeter()
     with meter.charging():
-        Verifier._grade_in(sandbox, task, patch, report, meter)
+        Verifier._grade_in(sandbox, task, files, report, meter)
     return report, meter

@@ -36,6 +36,7 @@ from patchgym.grading.patches import (
     drop_reason,
     filter_agent_patch,
     parse_patch,
+    read_agent_patch,
 )
 from patchgym.grading.pytest_runtime import bootstrap
 from patchgym.grading.testrun import TestRun, run_tests
@@ -190,7 +191,7 @@ def _run_with_pyc_in_tree(task: Task, backend: str, payloads: Payloads) -> TestR
     (past the filter: as an image's own bytecode is there, or one the filter missed)."""
     sandbox = sandbox_factory(backend)(task)
     try:
-        assert apply_patch(sandbox, task.test_patch, fuzzy=False)
+        assert apply_patch(sandbox, parse_patch(task.test_patch), fuzzy=False)
         sandbox.write_file(payloads.cached, payloads.pyc)
         return run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS)
     finally:
@@ -354,16 +355,16 @@ def _binary_section(header: str, forward: bytes, reverse: bytes, index: str) -> 
 def test_every_way_to_write_compiled_code_is_dropped(section):
     files = parse_patch(section)
     assert [drop_reason(f, set()) for f in files] == [COMPILED]
-    filtered = filter_agent_patch(section, set())
+    filtered = filter_agent_patch(read_agent_patch(section), set())
     assert filtered.text == "" and filtered.dropped and set(filtered.reasons.values()) == {COMPILED}
     assert drop_reason(files[0], set(), allow_compiled=True) is None
-    assert filter_agent_patch(section, set(), allow_compiled=True).dropped == []
+    assert filter_agent_patch(read_agent_patch(section), set(), allow_compiled=True).dropped == []
 
 
 def test_source_files_with_compiled_looking_names_elsewhere_are_kept():
     for path in ("pkg/pyc.py", "pkg/so_utils.py", "docs/pycache.md", "pkg/extension.c"):
         section = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"
-        assert filter_agent_patch(section, set()).dropped == [], path
+        assert filter_agent_patch(read_agent_patch(section), set()).dropped == [], path
 
 
 # -- bounded inflation ----------------------------------------------------------------------------
@@ -404,7 +405,7 @@ def test_a_small_patch_inflating_to_a_gibibyte_is_refused_in_bounded_memory(decl
     try:
         baseline = tracemalloc.get_traced_memory()[0]
         with pytest.raises(PatchError, match="binary") as raised:
-            filter_agent_patch(patch, set())
+            filter_agent_patch(read_agent_patch(patch), set())
         peak = tracemalloc.get_traced_memory()[1] - baseline
     finally:
         tracemalloc.stop()

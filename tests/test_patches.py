@@ -22,6 +22,7 @@ from patchgym.grading.patches import (
     drop_reason,
     filter_agent_patch,
     parse_patch,
+    read_agent_patch,
     render_patch,
     split_diff,
     touched_paths,
@@ -62,7 +63,7 @@ def test_c_quoted_conftest_is_decoded_and_dropped():
     quoted = ('diff --git "a/con\\146test.py" "b/con\\146test.py"\nnew file mode 100644\n'
               '--- /dev/null\n+++ "b/con\\146test.py"\n@@ -0,0 +1 @@\n+import pytest\n')
     assert paths_of(quoted) == {"conftest.py"}
-    filtered = filter_agent_patch(FIX + quoted, set())
+    filtered = filter_agent_patch(read_agent_patch(FIX + quoted), set())
     assert filtered.dropped == ["conftest.py"] and "test file" in filtered.reasons["conftest.py"]
     assert paths_of(filtered.text) == {"pkg/a.py"}
 
@@ -71,7 +72,7 @@ def test_plain_section_after_a_git_section_is_its_own_section():
     hidden = "--- /dev/null\n+++ b/conftest.py\n@@ -0,0 +1 @@\n+import pytest\n"
     files = parse_patch(FIX + hidden)
     assert [(f.status, f.new_path) for f in files] == [("modify", "pkg/a.py"), ("add", "conftest.py")]
-    filtered = filter_agent_patch(FIX + hidden, set())
+    filtered = filter_agent_patch(read_agent_patch(FIX + hidden), set())
     assert filtered.dropped == ["conftest.py"] and "conftest" not in filtered.text
 
 
@@ -81,14 +82,14 @@ def test_context_diff_creating_conftest_is_read_and_dropped():
     [f] = parse_patch(context)
     assert (f.status, f.new_path) == ("add", "conftest.py")
     assert f.hunks[0].lines == ("+import pytest\n", "+collect_ignore = ['tests']\n")
-    filtered = filter_agent_patch(FIX + context, set())
+    filtered = filter_agent_patch(read_agent_patch(FIX + context), set())
     assert filtered.dropped == ["conftest.py"] and paths_of(filtered.text) == {"pkg/a.py"}
 
 
 @pytest.mark.parametrize("path", [".git/hooks/post-checkout", ".git/config", ".GIT/config", "sub/.git/config",
                                   "./.git/info/attributes"])
 def test_paths_inside_git_are_dropped(path):
-    filtered = filter_agent_patch(FIX + new_file(path, "#!/bin/sh\n"), set())
+    filtered = filter_agent_patch(read_agent_patch(FIX + new_file(path, "#!/bin/sh\n")), set())
     normalized = path.removeprefix("./")
     assert filtered.dropped == [normalized] and ".git" in filtered.reasons[normalized]
     assert paths_of(filtered.text) == {"pkg/a.py"}
@@ -99,7 +100,7 @@ def test_symlinks_and_submodules_are_dropped():
     retarget = ("diff --git a/pkg/old b/pkg/old\nindex 1234567..89abcde 120000\n--- a/pkg/old\n+++ b/pkg/old\n"
                 "@@ -1 +1 @@\n-a\n\\ No newline at end of file\n+/etc\n\\ No newline at end of file\n")
     gitlink = "diff --git a/vendor b/vendor\nnew file mode 160000\nindex 0000000..1234567\n"
-    filtered = filter_agent_patch(FIX + link + retarget + gitlink, set())
+    filtered = filter_agent_patch(read_agent_patch(FIX + link + retarget + gitlink), set())
     assert filtered.dropped == ["pkg/link", "pkg/old", "vendor"]
     assert filtered.reasons["pkg/link"] == "a symlink" and "submodule" in filtered.reasons["vendor"]
 
@@ -109,7 +110,7 @@ def test_symlinks_and_submodules_are_dropped():
                                   "deep/er/evil.pth", ".gitattributes", "pkg/.gitattributes", ".gitmodules",
                                   "pytest.toml", "tests/helpers.py", "pkg/protected.py"])
 def test_policy_drops(path):
-    filtered = filter_agent_patch(FIX + new_file(path), {"pkg/protected.py"})
+    filtered = filter_agent_patch(read_agent_patch(FIX + new_file(path)), {"pkg/protected.py"})
     assert filtered.dropped == [path] and filtered.reasons[path]
     assert paths_of(filtered.text) == {"pkg/a.py"}
 
@@ -119,7 +120,7 @@ def test_either_side_of_a_rename_counts():
     [f] = parse_patch(rename)
     assert (f.status, f.paths) == ("rename", {"tests/test_a.py", "pkg/b.py"})
     assert drop_reason(f, set())
-    assert filter_agent_patch(FIX + rename, set()).dropped == ["pkg/b.py", "tests/test_a.py"]
+    assert filter_agent_patch(read_agent_patch(FIX + rename), set()).dropped == ["pkg/b.py", "tests/test_a.py"]
     assert drop_reason(parse_patch(FIX)[0], set()) is None
 
 
@@ -132,7 +133,7 @@ def test_either_side_of_a_rename_counts():
 ])
 def test_paths_outside_the_tree_are_patch_errors(patch):
     with pytest.raises(PatchError, match=r"line \d+: an? (absolute path|'\.\.' component|NUL)"):
-        filter_agent_patch(patch, set())
+        filter_agent_patch(read_agent_patch(patch), set())
 
 
 def test_normal_diff_syntax_after_a_section_is_an_error():
@@ -148,11 +149,11 @@ def test_garbage_and_oversize_are_patch_errors():
     for garbage in ("please fix it yourself", "Binary files a/x and b/x differ\n",
                     "diff --git a/x b/x\n", "diff --git a/x b/x\nindex 1234567..89abcde 100644\n"):
         with pytest.raises(PatchError):
-            filter_agent_patch(garbage, set())
+            filter_agent_patch(read_agent_patch(garbage), set())
         assert split_diff(garbage) == [] and touched_paths(garbage) == set()
     assert parse_patch("") == [] and parse_patch("\n \n") == []
     with pytest.raises(PatchError, match="larger than"):
-        filter_agent_patch("x" * (MAX_PATCH_BYTES + 1), set())
+        filter_agent_patch(read_agent_patch("x" * (MAX_PATCH_BYTES + 1)), set())
 
 
 @pytest.mark.parametrize("patch, message", [
@@ -384,8 +385,8 @@ FUZZY = ("diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -
 
 def test_a_hunk_needing_fuzz_applies_with_patch(workdir):
     shell = Shell(workdir)
-    assert apply_patch(shell, FUZZY, fuzzy=False) is None
-    assert apply_patch(shell, FUZZY) == "patch --fuzz"
+    assert apply_patch(shell, parse_patch(FUZZY), fuzzy=False) is None
+    assert apply_patch(shell, parse_patch(FUZZY)) == "patch --fuzz"
     assert (workdir / "pkg" / "m.py").read_text().splitlines()[5] == "SIX"
     assert not list(workdir.glob("**/*.orig")) + list(workdir.glob("**/*.rej"))
     assert not list(workdir.glob(".patchgym-patch*"))  # the copy it applied is removed
@@ -400,10 +401,10 @@ def test_the_filtered_patch_never_writes_a_dropped_file(workdir):
               '--- /dev/null\n+++ "b/tests/con\\146test.py"\n@@ -0,0 +1 @@\n+x\n')
     hook = new_file(".git/hooks/post-checkout", "#!/bin/sh\ntouch /tmp/pwned\n", mode="100755")
     plain = "--- /dev/null\n+++ b/pkg/sitecustomize.py\n@@ -0,0 +1 @@\n+import os\n"
-    filtered = filter_agent_patch(FUZZY + context + quoted + hook + plain, set())
+    filtered = filter_agent_patch(read_agent_patch(FUZZY + context + quoted + hook + plain), set())
     assert filtered.dropped == [".git/hooks/post-checkout", "conftest.py", "pkg/sitecustomize.py",
                                 "tests/conftest.py"]
-    assert apply_patch(Shell(workdir), filtered.text) == "patch --fuzz"
+    assert apply_patch(Shell(workdir), filtered.files) == "patch --fuzz"
     assert (workdir / "pkg" / "m.py").read_text().splitlines()[5] == "SIX"
     for path in ("conftest.py", "tests/conftest.py", ".git/hooks/post-checkout", "pkg/sitecustomize.py"):
         assert not (workdir / path).exists(), path
@@ -412,21 +413,21 @@ def test_the_filtered_patch_never_writes_a_dropped_file(workdir):
 def test_patch_is_not_tried_where_it_differs_from_git(workdir):
     shell = Shell(workdir)
     git_dir = new_file(".git/config", "[core]\n\thooksPath = /tmp\n")  # git refuses; patch would write it
-    assert apply_patch(shell, git_dir) is None
+    assert apply_patch(shell, parse_patch(git_dir)) is None
     assert "patch --batch" not in shell.commands[-1] and "hooksPath = /tmp" not in (workdir / ".git/config").read_text()
     rename = ("diff --git a/pkg/a.py b/pkg/b.py\nsimilarity index 50%\nrename from pkg/a.py\nrename to pkg/b.py\n"
               "--- a/pkg/a.py\n+++ b/pkg/b.py\n@@ -1,3 +1,3 @@\n one\n-2\n+TWO\n 3\n")
-    assert apply_patch(shell, rename) is None and "patch --batch" not in shell.commands[-1]
-    assert apply_patch(shell, FIX) == "git apply" and (workdir / "pkg" / "a.py").read_text() == "1\nTWO\n3\n"
+    assert apply_patch(shell, parse_patch(rename)) is None and "patch --batch" not in shell.commands[-1]
+    assert apply_patch(shell, parse_patch(FIX)) == "git apply" and (workdir / "pkg" / "a.py").read_text() == "1\nTWO\n3\n"
 
 
 def test_apply_patch_errors(workdir):
     with pytest.raises(PatchError):
-        apply_patch(Shell(workdir), "not a patch")
+        apply_patch(Shell(workdir), parse_patch("not a patch"))
 
     class Broken(Shell):
         def exec(self, command, timeout=60.0):
             return ExecResult(127, "bash: not found", False, 0.0)
 
     with pytest.raises(SandboxError, match="did not run"):
-        apply_patch(Broken(workdir), FIX)
+        apply_patch(Broken(workdir), parse_patch(FIX))

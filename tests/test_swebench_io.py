@@ -25,7 +25,7 @@ from patchgym import load_task_set, load_tasks
 from patchgym.cli import app
 from patchgym.cli import common as cli_common
 from patchgym.grading.outcome import TestStatus, grade
-from patchgym.grading.patches import filter_agent_patch
+from patchgym.grading.patches import filter_agent_patch, read_agent_patch
 from patchgym.grading.runners import (
     changed_test_files,
     django_command,
@@ -375,7 +375,7 @@ def test_the_pytest_repositorys_own_source_is_applied_but_no_new_pytest_package(
 
     patch = (diff("src/_pytest/assertion/rewrite.py") + diff("_pytest/__init__.py", new=True)
              + diff("src/_pytest/shadow.py", new=True) + diff("testing/test_assertion.py"))
-    filtered = filter_agent_patch(patch, set())
+    filtered = filter_agent_patch(read_agent_patch(patch), set())
     assert "src/_pytest/assertion/rewrite.py" in filtered.text
     assert filtered.dropped == ["_pytest/__init__.py", "src/_pytest/shadow.py", "testing/test_assertion.py"]
 

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from patchgym import Verifier
-from patchgym.grading.patches import filter_agent_patch, is_test_or_config, split_diff
+from patchgym.grading.patches import filter_agent_patch, is_test_or_config, read_agent_patch, split_diff
 from patchgym.sandboxes import ExecResult
 
 
@@ -29,6 +29,25 @@ def replace_mean(body: str) -> str:
 @pytest.fixture(scope="module")
 def verifier():
     return Verifier()
+
+
+def test_the_patches_are_parsed_once_on_the_grading_path(verifier, calc_task, monkeypatch):
+    """The agent's text is parsed once and passed down parsed (filter, staging, applying); the test
+    patch likewise."""
+    from patchgym.grading import patches, testrun
+    from patchgym.grading import verifier as verifier_module
+
+    seen: list[str] = []
+    real = patches.parse_patch
+
+    def counting(text: str):
+        seen.append(text)
+        return real(text)
+
+    for module in (patches, verifier_module, testrun):
+        monkeypatch.setattr(module, "parse_patch", counting)
+    assert verifier.verify(calc_task, calc_task.patch).resolved
+    assert seen.count(calc_task.patch) == 1 and seen.count(calc_task.test_patch) == 1 and len(seen) == 2
 
 
 def test_gold_resolves_and_reports_swebench_fields(verifier, calc_task):
@@ -246,7 +265,7 @@ def test_split_and_filter_diffs():
     diff = new_file("pkg/a.py", "x = 1") + new_file("tests/test_a.py", "y = 2") + new_file("setup.cfg", "[x]")
     sections = split_diff(diff)
     assert [s.new_path for s in sections] == ["pkg/a.py", "tests/test_a.py", "setup.cfg"]
-    filtered = filter_agent_patch(diff, protected={"pkg/other.py"})
+    filtered = filter_agent_patch(read_agent_patch(diff), protected={"pkg/other.py"})
     assert filtered.dropped == ["setup.cfg", "tests/test_a.py"]
     assert [s.new_path for s in split_diff(filtered.text)] == ["pkg/a.py"]
     plain = "--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-x\n+y\n"
