@@ -4,7 +4,8 @@ Columns, each a fresh process, measured round-robin (one of each per round, the 
 every round, so drift hits all alike), one uncounted warm-up round first:
 
 * ``python_pass`` — ``python -c pass`` with patchgym's interpreter: the floor (interpreter, site);
-* ``import_gym_envs`` — ``python -c "import gym_envs"``;
+* ``import_patchgym`` — ``python -c "import patchgym"`` (the package: none of its floors);
+* ``import_gym_envs`` — ``python -c "import patchgym.gym_envs"`` (Gymnasium and the environments);
 * ``patchgym_help`` — ``patchgym --help`` (the console script);
 * ``mini_help`` — mini-swe-agent's ``mini --help`` from its own venv (``--mini``, default
   ``$MINI_VENV/bin/mini``; skipped with a message when missing: it is no dependency of
@@ -24,10 +25,11 @@ Warm caches include Python's bytecode: the children run without ``PYTHONDONTWRIT
 warm-up round writes ``__pycache__`` as any first run of a checkout does (an installed patchgym
 has it from ``pip install``). With it set, every process compiles patchgym's modules from source.
 
-    python bench/startup.py [--task ID] [--rounds 7] [--mini PATH] [--pythonpath DIR] [--json FILE]
+    python bench/startup.py [--task ID] [--rounds 7] [--mini PATH] [--json FILE]
 
-``--pythonpath`` runs another checkout of patchgym (e.g. ``git archive COMMIT | tar -x -C DIR``)
-with the same interpreter: its packages come before the installed ones on ``sys.path``.
+It measures the patchgym installed for the interpreter that runs it: to compare two trees, install
+each in a venv of its own (``VENV/bin/pip install -e TREE``) and run ``VENV/bin/python
+bench/startup.py`` for each, interleaved, the script of each tree with its own venv.
 """
 
 from __future__ import annotations
@@ -94,10 +96,7 @@ class Hook(MetaPathFinder):
 
 sys.meta_path.insert(0, Hook())
 sys.argv = ["patchgym", *sys.argv[1:]]
-try:
-    from patchgym.cli import main
-except ImportError:  # a checkout from before the command line moved to cli/
-    from patchgym.cli import main
+from patchgym.cli import main
 moments.append(("cli imported", time.monotonic()))
 sys.exit(main())
 """
@@ -153,7 +152,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--mini", default=os.path.join(os.environ.get("MINI_VENV", "mini-venv"), "bin", "mini"),
                         help="mini-swe-agent's mini (default: $MINI_VENV/bin/mini)")
-    parser.add_argument("--pythonpath", help="another checkout of patchgym to measure")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -162,20 +160,17 @@ def main() -> None:
     if env.pop("PYTHONDONTWRITEBYTECODE", None):
         print("PYTHONDONTWRITEBYTECODE is set here: the children run without it (warm caches include bytecode)",
               file=sys.stderr)
-    if args.pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(args.pythonpath).resolve()),
-                                                          env.get("PYTHONPATH")]))
     mini_env = {**env, "MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": work}
-    patchgym = shutil.which("patchgym")
-    module = "cli" if not args.pythonpath or (Path(args.pythonpath) / "cli").is_dir() else "gym_envs.cli"
-    help_argv = [patchgym, "--help"] if patchgym and not args.pythonpath else [sys.executable, "-m", module, "--help"]
+    patchgym = Path(sys.executable).with_name("patchgym")  # the console script of this interpreter's install
+    help_argv = [str(patchgym), "--help"] if patchgym.exists() else [sys.executable, "-m", "patchgym", "--help"]
     mini = args.mini if os.access(args.mini, os.X_OK) else None
     if mini is None:
         print(f"mini-swe-agent's mini not found at {args.mini}: its column is skipped", file=sys.stderr)
 
     columns = {
         "python_pass": lambda: timed([sys.executable, "-c", "pass"], env, work),
-        "import_gym_envs": lambda: timed([sys.executable, "-c", "import gym_envs"], env, work),
+        "import_patchgym": lambda: timed([sys.executable, "-c", "import patchgym"], env, work),
+        "import_gym_envs": lambda: timed([sys.executable, "-c", "import patchgym.gym_envs"], env, work),
         "patchgym_help": lambda: timed(help_argv, env, work),
         **({"mini_help": lambda: timed([mini, "--help"], mini_env, work)} if mini else {}),
         "eval_first_sandbox": lambda: first_sandbox(args.task, env, work, str(Path(work) / "runs")),
@@ -211,7 +206,7 @@ def main() -> None:
     for phase, ms in phases.items():
         print(f"  {phase:<{max(map(len, phases))}}  {ms:7.1f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"task": args.task, "pythonpath": args.pythonpath, "results": result,
+        args.json.write_text(json.dumps({"task": args.task, "python": sys.executable, "results": result,
                                          "eval_phases_median_ms": phases}, indent=2))
 
 

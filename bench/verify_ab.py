@@ -1,10 +1,12 @@
-"""Verify time of two checkouts of patchgym, A and B: gold on the first N bundled tasks, each
-round one child process per checkout (alternating which goes first), medians of the rounds' totals.
+"""Verify time of two installs of patchgym, A and B: gold on the first N bundled tasks, each round
+one child process per install (alternating which goes first), medians of the rounds' totals.
 
-    python bench/verify_ab.py --a $MAIN --b $BRANCH [--rounds 5] [--tasks 6] [--home-a DIR --home-b DIR]
+    python bench/verify_ab.py --a A_VENV/bin/python --b B_VENV/bin/python [--rounds 5] [--tasks 6]
+        [--home-a DIR --home-b DIR]
 
-Each child imports patchgym from its checkout (PYTHONPATH) and asserts every gold resolves with no
-tampering; the environments come from the shared caches, so both sides grade the same way, unless
+A and B are interpreters each with a checkout installed (``A_VENV/bin/pip install -e MAIN_TREE``).
+Each child imports its patchgym and asserts every gold resolves with no tampering; the
+environments come from the shared caches, so both sides grade the same way, unless
 ``--home-a``/``--home-b`` give a side a PATCHGYM_HOME of its own (needed when the two checkouts lay
 their caches out differently, e.g. a tree from before environment attempts against one after).
 """
@@ -17,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 CHILD = r'''
 import json, sys, time
@@ -36,8 +39,8 @@ print(json.dumps({"file": patchgym.__file__, "times": out}))
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--a", required=True)
-    p.add_argument("--b", required=True)
+    p.add_argument("--a", required=True, help="the interpreter of install A")
+    p.add_argument("--b", required=True, help="the interpreter of install B")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tasks", type=int, default=6)
     p.add_argument("--home-a", help="PATCHGYM_HOME for A's children (default: the inherited one)")
@@ -46,16 +49,14 @@ def main() -> None:
     totals: dict[str, list[float]] = {"a": [], "b": []}
     for r in range(args.rounds):
         for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
-            root = os.path.abspath(getattr(args, side))
-            env = {**os.environ, "PYTHONPATH": root}
+            env = dict(os.environ)
             if getattr(args, f"home_{side}"):
                 env["PATCHGYM_HOME"] = os.path.abspath(getattr(args, f"home_{side}"))
-            proc = subprocess.run([sys.executable, "-c", CHILD, str(args.tasks)], cwd=root, capture_output=True,
-                                  text=True, env=env)
+            proc = subprocess.run([getattr(args, side), "-c", CHILD, str(args.tasks)], capture_output=True,
+                                  text=True, env=env, cwd=tempfile.gettempdir())
             if proc.returncode:
                 sys.exit(proc.stderr[-3000:])
             data = json.loads(proc.stdout.strip().splitlines()[-1])
-            assert data["file"].startswith(root), data["file"]
             totals[side].append(sum(data["times"].values()))
             print(side, round(totals[side][-1], 2), flush=True)
     ma, mb = statistics.median(totals["a"]), statistics.median(totals["b"])
