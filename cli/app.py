@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from patchgym.cli import evaluation, images, repos, serving, tasks
+from patchgym.cli import evaluation, images, repos, sandboxes, serving, tasks
 from patchgym.cli.common import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -33,7 +33,7 @@ GROUPS = {
     "images": ("Docker images: a Debian base (debootstrap, no registry), environments, instances.", [
         ("bootstrap", images.bootstrap), ("build", images.build), ("list", images.list_images),
         ("prune", images.prune), ("python-archive", images.python_archive)]),
-    "sandboxes": ("Sandboxes left behind by crashed processes.", [("gc", images.gc)]),
+    "sandboxes": ("Sandboxes left behind by crashed processes.", [("gc", sandboxes.gc)]),
 }
 for _name, (_help, _commands) in GROUPS.items():
     _group = typer.Typer(no_args_is_help=True, help=_help)
