@@ -10,17 +10,18 @@ import sys
 
 import typer
 
-from patchgym.cli import images, repos, sandboxes, serving, tasks, trajectories
+from patchgym.cli import images, nemo_gym, repos, sandboxes, tasks, trajectories
 from patchgym.cli.common import console
 from patchgym.cli.eval import eval_predictions
 from patchgym.cli.report import report
 from patchgym.cli.run import run
+from patchgym.cli.serve import serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SWE-bench-style verifiable-reward environments.")
 # The top-level commands, by function: their modules are named after them, and a module bound to
 # the name ``eval`` here would hide the builtin.
-for _name, _command in (("eval", eval_predictions), ("run", run), ("report", report), ("serve", serving.serve)):
+for _name, _command in (("eval", eval_predictions), ("run", run), ("report", report), ("serve", serve)):
     app.command(_name)(_command)
 
 # Each group: its help, and its commands in the order --help lists them.
@@ -28,12 +29,12 @@ GROUPS = {
     "tasks": ("Browse, validate, import, export and make task sets.", [
         ("list", tasks.list_tasks), ("show", tasks.show), ("validate", tasks.validate),
         ("import-swebench", tasks.import_swebench), ("export", tasks.export), ("mine", repos.mine),
-        ("synth", repos.synth), ("nemo-gym-dataset", serving.nemo_gym_dataset)]),
+        ("synth", repos.synth), ("nemo-gym-dataset", tasks.nemo_gym_dataset)]),
     "repos": ("Repositories tasks are made from: register one, list them.", [
         ("add", repos.add), ("list", repos.list_repos)]),
     "trajectories": ("Episodes of `patchgym run` as training data.", [
         ("export", trajectories.export_trajectories)]),
-    "nemo-gym": ("Run patchgym as a NeMo Gym resources server.", [("init", serving.nemo_gym_init)]),
+    "nemo-gym": ("Run patchgym as a NeMo Gym resources server.", [("init", nemo_gym.nemo_gym_init)]),
     "images": ("Docker images: a Debian base (debootstrap, no registry), environments, instances.", [
         ("bootstrap", images.bootstrap), ("build", images.build), ("list", images.list_images),
         ("prune", images.prune), ("python-archive", images.python_archive)]),

@@ -1,4 +1,5 @@
-"""``patchgym tasks``: browse, validate, import and export task sets.
+"""``patchgym tasks``: browse, validate, import and export task sets, and write them as NeMo Gym
+dataset rows (``tasks nemo-gym-dataset``).
 
 The commands that make new tasks from a repository (``tasks mine``, ``tasks synth``) are in
 :mod:`patchgym.cli.repos`, beside the repositories they read; :mod:`patchgym.cli.app` mounts both in this group.
@@ -301,3 +302,22 @@ def export(
                        output_dir=output.resolve().parent)
     write_rows(rows, output, fmt)
     out.print(f"wrote {len(rows)} SWE-bench rows to {output}", highlight=False)
+
+
+def nemo_gym_dataset(
+    output: Annotated[Path, typer.Option("--output", help="JSONL file to write.")],
+    tasks: TasksOpt = None,
+    instance_ids: InstanceIdsOpt = None,
+    agent_name: Annotated[str | None, typer.Option(
+        "--agent-name", help="NeMo Gym agent to route every row to (adds agent_ref).")] = None,
+) -> None:
+    """Write tasks as NeMo Gym dataset rows (prompt, tools, instance_id; never the answers), for a
+    NeMo Gym agent whose resources server is `patchgym serve`."""
+    from patchgym.server.nemo_gym.dataset import nemo_gym_dataset_rows  # lazily: the layers below know nothing of HTTP
+
+    task_set = load_tasks(tasks, instance_ids)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w", encoding="utf-8") as f:
+        for row in nemo_gym_dataset_rows(task_set, agent_name=agent_name):
+            f.write(json.dumps(row) + "\n")
+    out.print(f"wrote {len(task_set)} NeMo Gym rows to {output}")
