@@ -28,8 +28,8 @@ for _name, _command in (("eval", eval_predictions), ("run", run), ("report", rep
 GROUPS = {
     "tasks": ("Browse, validate, import, export and make task sets.", [
         ("list", tasks.list_tasks), ("show", tasks.show), ("validate", tasks.validate),
-        ("import-swebench", tasks.import_swebench), ("export", tasks.export), ("mine", repos.mine),
-        ("synth", repos.synth), ("nemo-gym-dataset", tasks.nemo_gym_dataset)]),
+        ("import-swebench", tasks.import_swebench), ("export", tasks.export), ("mine", tasks.mine),
+        ("synth", tasks.synth), ("nemo-gym-dataset", tasks.nemo_gym_dataset)]),
     "repos": ("Repositories tasks are made from: register one, list them.", [
         ("add", repos.add), ("list", repos.list_repos)]),
     "trajectories": ("Episodes of `patchgym run` as training data.", [
