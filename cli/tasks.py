@@ -353,10 +353,7 @@ def mine(
                           note=lambda message: console.print(message, markup=False, highlight=False))
         except MiningError as exc:
             fail(str(exc))
-    summary_file = output.with_name(f"{output.stem}.summary.json")
-    tmp = summary_file.with_name(f".{summary_file.name}.tmp")
-    tmp.write_text(json.dumps(result.summary(), indent=2) + "\n")
-    tmp.replace(summary_file)
+    summary_file = result.write_summary(output)
     table = Table(title=f"candidate commits of {record.name}")
     for col in ("commit", "subject", "outcome", "F2P", "P2P", "detail"):
         table.add_column(col, overflow="fold")
