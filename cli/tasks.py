@@ -28,6 +28,7 @@ from patchgym.cli.common import (
     make_verifier,
     out,
     progress_bar,
+    split_ids,
 )
 
 if TYPE_CHECKING:
@@ -419,19 +420,19 @@ def synth(
     """Make tasks by injecting bugs (SWE-smith style): small AST mutations of functions the tests reach,
     kept when they break tests, then validated (pipeline: making/synth/generate.py)."""
     from patchgym.making.registry import UnknownRepoError, get_repo
-    from patchgym.making.synth import KINDS, Listener, SynthError, SynthOptions, synthesize
+    from patchgym.making.synth import Listener, SynthError, SynthOptions, chosen_kinds, synthesize
 
-    wanted = [k for chunk in kinds or [] for k in chunk.replace(",", " ").split()] or list(KINDS)
-    unknown = [k for k in wanted if k not in KINDS]
-    if unknown:
-        fail(f"unknown mutation kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
+    try:
+        wanted = chosen_kinds(split_ids(kinds))
+    except ValueError as exc:
+        fail(str(exc))
     if bool(rewrite_url) != bool(rewrite_model):
         fail("--rewrite-url and --rewrite-model go together")
     try:
         record = get_repo(repo)
     except UnknownRepoError as exc:
         fail(str(exc))
-    options = SynthOptions(n=n, seed=seed, kinds=tuple(wanted), rev=rev, workers=workers, validate=validate,
+    options = SynthOptions(n=n, seed=seed, kinds=wanted, rev=rev, workers=workers, validate=validate,
                            runs=runs, max_failing_fraction=max_failing, fast=not whole_suite, rewrite_url=rewrite_url,
                            rewrite_model=rewrite_model, rewrite_api_key=rewrite_api_key)
     verifier = make_verifier(backend, isolation)
