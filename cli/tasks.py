@@ -235,10 +235,8 @@ def _auto_environments(tasks: list, backend: str, isolation: str, limit: int, se
     or why none did; every choice is printed, and written to ``report`` when given."""
     from rich.markup import escape
 
-    from patchgym.making import auto_env
-    from patchgym.making.git_source import RepoSetupError
+    from patchgym.making.auto_env import auto_task
     from patchgym.tasks.backends import sandbox_factory
-    from patchgym.tasks.model import TaskFileError
 
     factory = sandbox_factory(backend, **({"isolation": isolation} if backend == "local" else {}))
     chosen: dict = {}
@@ -246,27 +244,17 @@ def _auto_environments(tasks: list, backend: str, isolation: str, limit: int, se
     lines: list[str] = []
     for n, task in enumerate(tasks, 1):
         with console.status(f"choosing an environment for {task.instance_id} ({n}/{len(tasks)})…"):
-            try:
-                found, recipes = auto_env.auto_environment(task, factory, limit=limit)
-            except (RepoSetupError, TaskFileError) as exc:
-                failures[task.instance_id] = f"no automatic environment: {exc}"
-                continue
-        winner = found.winner
-        for attempt in found.attempts:
+            choice = auto_task(task, factory, limit=limit, selection=selection)
+        for attempt in choice.found.attempts if choice.found else ():
             mark = "[green]collected[/]" if attempt.ok else escape(attempt.reason)
             out.print(f"  {escape(task.instance_id)}: {escape(attempt.recipe.name)} ({attempt.seconds:.0f}s): {mark}",
                       highlight=False)
-        lines.append(json.dumps({"instance_id": task.instance_id, "winner": winner.name if winner else None,
-                                 "environment": winner.environment.model_dump() if winner else None,
-                                 "attempts": [{"recipe": a.recipe.name, "ok": a.ok, "reason": a.reason,
-                                               "seconds": round(a.seconds, 1)} for a in found.attempts],
-                                 "not_tried": [r.name for r in recipes[len(found.attempts):]] if not winner else [],
-                                 "notes": recipes[0].notes if recipes else []}))
-        if winner is None:
-            failures[task.instance_id] = f"no recipe collected its tests ({found.summary()})"
-            continue
-        chosen[task.instance_id] = task.model_copy(update={
-            "environment": winner.environment, "test_spec": auto_env.auto_test_spec(selection)})
+        if choice.row is not None:
+            lines.append(json.dumps(choice.row))
+        if choice.task is None:
+            failures[task.instance_id] = choice.reason
+        else:
+            chosen[task.instance_id] = choice.task
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
