@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from patchgym.grading.verifier import Verifier
     from patchgym.making.validation import TaskValidation
     from patchgym.tasks.catalog import TaskSet
+    from patchgym.tasks.model import Task
 
 
 WhereOpt = Annotated[list[str] | None, typer.Option(
@@ -229,8 +230,8 @@ def import_swebench(
               + ("" if validate else " without validation"), highlight=False)
 
 
-def _auto_environments(tasks: list, backend: str, isolation: str, limit: int, selection: str,
-                       report: Path | None) -> tuple[dict, dict[str, str]]:
+def _auto_environments(tasks: list[Task], backend: str, isolation: str, limit: int, selection: str,
+                       report: Path | None) -> tuple[dict[str, Task], dict[str, str]]:
     """Each task with the environment of the first recipe whose tests collect (making.auto_env),
     or why none did; every choice is printed, and written to ``report`` when given."""
     from rich.markup import escape
@@ -239,7 +240,7 @@ def _auto_environments(tasks: list, backend: str, isolation: str, limit: int, se
     from patchgym.tasks.backends import sandbox_factory
 
     factory = sandbox_factory(backend, **({"isolation": isolation} if backend == "local" else {}))
-    chosen: dict = {}
+    chosen: dict[str, Task] = {}
     failures: dict[str, str] = {}
     lines: list[str] = []
     for n, task in enumerate(tasks, 1):
