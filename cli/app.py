@@ -1,6 +1,6 @@
-"""The ``patchgym`` command tree: every group and command is mounted here, from the module that
-holds its group (:mod:`patchgym.cli.tasks`, :mod:`patchgym.cli.repos`, :mod:`patchgym.cli.evaluation`,
-:mod:`patchgym.cli.serving`, :mod:`patchgym.cli.images`), so this file is the whole command line at a glance."""
+"""The ``patchgym`` command tree: every group and command is mounted here, from the module named after
+it (``patchgym tasks ...`` from :mod:`patchgym.cli.tasks`, ``patchgym eval`` from :mod:`patchgym.cli.eval`,
+and so on), so this file is the whole command line at a glance."""
 
 from __future__ import annotations
 
@@ -10,30 +10,35 @@ import sys
 
 import typer
 
-from patchgym.cli import evaluation, images, repos, serving, tasks
+from patchgym.cli import images, nemo_gym, repos, sandboxes, tasks, trajectories
 from patchgym.cli.common import console
+from patchgym.cli.eval import eval_predictions
+from patchgym.cli.report import report
+from patchgym.cli.run import run
+from patchgym.cli.serve import serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SWE-bench-style verifiable-reward environments.")
-for _name, _command in (("eval", evaluation.eval_predictions), ("run", evaluation.run),
-                        ("report", evaluation.report), ("serve", serving.serve)):
+# The top-level commands, by function: their modules are named after them, and a module bound to
+# the name ``eval`` here would hide the builtin.
+for _name, _command in (("eval", eval_predictions), ("run", run), ("report", report), ("serve", serve)):
     app.command(_name)(_command)
 
 # Each group: its help, and its commands in the order --help lists them.
 GROUPS = {
     "tasks": ("Browse, validate, import, export and make task sets.", [
         ("list", tasks.list_tasks), ("show", tasks.show), ("validate", tasks.validate),
-        ("import-swebench", tasks.import_swebench), ("export", tasks.export), ("mine", repos.mine),
-        ("synth", repos.synth), ("nemo-gym-dataset", serving.nemo_gym_dataset)]),
+        ("import-swebench", tasks.import_swebench), ("export", tasks.export), ("mine", tasks.mine),
+        ("synth", tasks.synth), ("nemo-gym-dataset", tasks.nemo_gym_dataset)]),
     "repos": ("Repositories tasks are made from: register one, list them.", [
         ("add", repos.add), ("list", repos.list_repos)]),
     "trajectories": ("Episodes of `patchgym run` as training data.", [
-        ("export", evaluation.export_trajectories)]),
-    "nemo-gym": ("Run patchgym as a NeMo Gym resources server.", [("init", serving.nemo_gym_init)]),
+        ("export", trajectories.export_trajectories)]),
+    "nemo-gym": ("Run patchgym as a NeMo Gym resources server.", [("init", nemo_gym.nemo_gym_init)]),
     "images": ("Docker images: a Debian base (debootstrap, no registry), environments, instances.", [
         ("bootstrap", images.bootstrap), ("build", images.build), ("list", images.list_images),
         ("prune", images.prune), ("python-archive", images.python_archive)]),
-    "sandboxes": ("Sandboxes left behind by crashed processes.", [("gc", images.gc)]),
+    "sandboxes": ("Sandboxes left behind by crashed processes.", [("gc", sandboxes.gc)]),
 }
 for _name, (_help, _commands) in GROUPS.items():
     _group = typer.Typer(no_args_is_help=True, help=_help)

@@ -70,7 +70,7 @@ def prices(core_hour: float | None, gb_hour: float | None) -> Prices:
 
 
 def split_ids(ids: list[str] | None) -> list[str]:
-    """Ids given as repeated options, comma- or space-separated."""
+    """Values of a list option (ids, mutation kinds) given repeated, comma- or space-separated."""
     return [i for chunk in ids or [] for i in chunk.replace(",", " ").split()]
 
 

@@ -1,5 +1,6 @@
-"""The machinery under the sandboxes: ``patchgym images`` builds, lists and prunes the Docker
-backend's images, and ``patchgym sandboxes gc`` removes what crashed processes left behind."""
+"""``patchgym images``: the Docker backend's images, built from a debootstrap root (no registry),
+listed and pruned; and ``images python-archive``, which packs a host's CPython for hosts that cannot
+download the Pythons Debian does not ship (sandboxes/python_archives.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from patchgym.cli.common import (
     load_selection,
     out,
     progress_bar,
-    reap,
 )
 
 ReleaseOpt = Annotated[str | None, typer.Option(
@@ -197,19 +197,3 @@ def prune(
         out.print(f"{verb} {ref}", highlight=False)
     out.print(f"{verb} {len(removed)} image(s)")
 
-
-def gc(
-    docker: Annotated[bool, typer.Option("--docker/--no-docker", help="Also remove patchgym's containers.")] = True,
-    every_owner: Annotated[bool, typer.Option(
-        "--all", help="Every patchgym container: also those of live processes and of other hosts.")] = False,
-) -> None:
-    """Remove sandboxes, cgroups and containers whose owning process is gone (never anything
-    without patchgym's label). Containers owned by other hosts sharing the Docker engine are left
-    alone unless --all: this host cannot tell whether their owners still run."""
-    from patchgym.sandboxes.docker import docker_available
-
-    kept: list[str] = []
-    removed = reap(docker=docker and docker_available(), every_owner=every_owner, kept=kept)
-    out.print(f"removed {removed['local']} local leftovers and {removed['docker']} containers")
-    for line in kept:
-        out.print(f"left {line}", highlight=False)

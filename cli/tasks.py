@@ -1,7 +1,7 @@
-"""``patchgym tasks``: browse, validate, import and export task sets.
-
-The commands that make new tasks from a repository (``tasks mine``, ``tasks synth``) are in
-:mod:`patchgym.cli.repos`, beside the repositories they read; :mod:`patchgym.cli.app` mounts both in this group.
+"""``patchgym tasks``: task sets browsed (``list``, ``show``), checked (``validate``), brought in and
+out as SWE-bench rows (``import-swebench``, ``export``), made from a registered repository (``mine``
+from its fix commits, ``synth`` by injecting bugs) and written as NeMo Gym dataset rows
+(``nemo-gym-dataset``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from patchgym.cli.common import (
     make_verifier,
     out,
     progress_bar,
+    split_ids,
 )
 
 if TYPE_CHECKING:
     from patchgym.grading.verifier import Verifier
     from patchgym.making.validation import TaskValidation
     from patchgym.tasks.catalog import TaskSet
+    from patchgym.tasks.model import Task
 
 
 WhereOpt = Annotated[list[str] | None, typer.Option(
@@ -228,44 +230,32 @@ def import_swebench(
               + ("" if validate else " without validation"), highlight=False)
 
 
-def _auto_environments(tasks: list, backend: str, isolation: str, limit: int, selection: str,
-                       report: Path | None) -> tuple[dict, dict[str, str]]:
+def _auto_environments(tasks: list[Task], backend: str, isolation: str, limit: int, selection: str,
+                       report: Path | None) -> tuple[dict[str, Task], dict[str, str]]:
     """Each task with the environment of the first recipe whose tests collect (making.auto_env),
     or why none did; every choice is printed, and written to ``report`` when given."""
     from rich.markup import escape
 
-    from patchgym.making import auto_env
-    from patchgym.making.git_source import RepoSetupError
+    from patchgym.making.auto_env import auto_task
     from patchgym.tasks.backends import sandbox_factory
-    from patchgym.tasks.model import TaskFileError
 
     factory = sandbox_factory(backend, **({"isolation": isolation} if backend == "local" else {}))
-    chosen: dict = {}
+    chosen: dict[str, Task] = {}
     failures: dict[str, str] = {}
     lines: list[str] = []
     for n, task in enumerate(tasks, 1):
         with console.status(f"choosing an environment for {task.instance_id} ({n}/{len(tasks)})…"):
-            try:
-                found, recipes = auto_env.auto_environment(task, factory, limit=limit)
-            except (RepoSetupError, TaskFileError) as exc:
-                failures[task.instance_id] = f"no automatic environment: {exc}"
-                continue
-        winner = found.winner
-        for attempt in found.attempts:
+            choice = auto_task(task, factory, limit=limit, selection=selection)
+        for attempt in choice.found.attempts if choice.found else ():
             mark = "[green]collected[/]" if attempt.ok else escape(attempt.reason)
             out.print(f"  {escape(task.instance_id)}: {escape(attempt.recipe.name)} ({attempt.seconds:.0f}s): {mark}",
                       highlight=False)
-        lines.append(json.dumps({"instance_id": task.instance_id, "winner": winner.name if winner else None,
-                                 "environment": winner.environment.model_dump() if winner else None,
-                                 "attempts": [{"recipe": a.recipe.name, "ok": a.ok, "reason": a.reason,
-                                               "seconds": round(a.seconds, 1)} for a in found.attempts],
-                                 "not_tried": [r.name for r in recipes[len(found.attempts):]] if not winner else [],
-                                 "notes": recipes[0].notes if recipes else []}))
-        if winner is None:
-            failures[task.instance_id] = f"no recipe collected its tests ({found.summary()})"
-            continue
-        chosen[task.instance_id] = task.model_copy(update={
-            "environment": winner.environment, "test_spec": auto_env.auto_test_spec(selection)})
+        if choice.row is not None:
+            lines.append(json.dumps(choice.row))
+        if choice.task is None:
+            failures[task.instance_id] = choice.reason
+        else:
+            chosen[task.instance_id] = choice.task
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -301,3 +291,215 @@ def export(
                        output_dir=output.resolve().parent)
     write_rows(rows, output, fmt)
     out.print(f"wrote {len(rows)} SWE-bench rows to {output}", highlight=False)
+
+
+def mine(
+    repo: Annotated[str, typer.Option("--repo", help="Repository to mine (registered or bundled).")],
+    output: Annotated[Path, typer.Option("--output", help="JSONL file the kept tasks are written to.")],
+    since: Annotated[str | None, typer.Option("--since", help="Only commits after this revision.")] = None,
+    max_candidates: Annotated[int | None, typer.Option(
+        "--max", min=1, help="Stop after this many candidate commits (oldest first).")] = None,
+    issue_text: Annotated[Path | None, typer.Option(
+        "--issue-text", help="Problem statements: .json {commit: text}, .jsonl {commit, text} rows, or one text "
+                             "file for a single commit (default: the commit message).")] = None,
+    p2p_all: Annotated[bool, typer.Option(
+        "--p2p-all", help="PASS_TO_PASS from the whole suite, not only the test files the commit touches.")] = False,
+    validate: Annotated[bool, typer.Option(
+        "--validate/--no-validate", help="Validate mined tasks; only valid ones are written.")] = True,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task when validating.")] = 2,
+    workers: WorkersOpt = DEFAULT_WORKERS,
+    backend: BackendOpt = "local",
+    isolation: IsolationOpt = "auto",
+) -> None:
+    """Make tasks from a repository's history: each commit that changes source and tests, with
+    FAIL_TO_PASS/PASS_TO_PASS from running the tests before and after it (rules: making/mining.py)."""
+    from patchgym.making.mining import Dropped, MiningError, load_issue_texts, mine
+    from patchgym.making.registry import UnknownRepoError, get_repo
+
+    try:
+        record = get_repo(repo)
+        texts = load_issue_texts(issue_text) if issue_text else None
+    except (UnknownRepoError, MiningError) as exc:
+        fail(str(exc))
+    verifier = make_verifier(backend, isolation)
+    console.print(f"reading the history of {record.name} ({record.source})", highlight=False)
+    output = output.expanduser().resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with progress_bar() as progress:
+        bars: dict[str, object] = {}
+        counts = [0, 0]
+
+        def stage(name: str, total: int) -> None:
+            bars[name] = progress.add_task(name, total=total, status="")
+
+        def item(name: str, outcome) -> None:
+            counts[0 if not isinstance(outcome, Dropped) else 1] += 1
+            progress.update(bars[name], advance=1, status=f"{counts[0]} kept, {counts[1]} dropped")
+
+        try:
+            result = mine(record, since=since, max_candidates=max_candidates, issue_texts=texts, workers=workers,
+                          factory=verifier.factory, verifier=verifier, validate_runs=runs if validate else 0,
+                          p2p_all=p2p_all, on_stage=stage, on_item=item, output=output,
+                          note=lambda message: console.print(message, markup=False, highlight=False))
+        except MiningError as exc:
+            fail(str(exc))
+    summary_file = result.write_summary(output)
+    table = Table(title=f"candidate commits of {record.name}")
+    for col in ("commit", "subject", "outcome", "F2P", "P2P", "detail"):
+        table.add_column(col, overflow="fold")
+    for candidate in result.candidates:
+        outcome = result.outcomes.get(candidate.sha)
+        if outcome is None:
+            table.add_row(candidate.short_sha, candidate.subject[:60], "not finished", "-", "-", "")
+        elif isinstance(outcome, Dropped):
+            table.add_row(candidate.short_sha, candidate.subject[:60], f"[red]{outcome.reason.value}[/]", "-", "-",
+                          outcome.detail[:200].replace("[", "\\["))
+        else:
+            table.add_row(candidate.short_sha, candidate.subject[:60], f"[green]{outcome.instance_id}[/]",
+                          str(len(outcome.FAIL_TO_PASS)), str(len(outcome.PASS_TO_PASS)), "")
+    if result.candidates:
+        out.print(table)
+    summary = Table(title=f"mining {record.name} ({result.seconds:.1f}s)")
+    summary.add_column("")
+    summary.add_column("commits", justify="right")
+    summary.add_row("scanned", str(result.scanned))
+    summary.add_row("candidates", str(len(result.candidates)))
+    summary.add_row("kept", str(len(result.tasks)))
+    for reason, n in result.drop_counts().items():
+        summary.add_row(f"dropped: {reason.value}", str(n))
+    if result.interrupted:
+        summary.add_row("not finished (interrupted)", str(len(result.candidates) - len(result.outcomes)))
+    out.print(summary)
+    out.print(f"{output} holds {len(result.tasks)} task(s)" + ("" if validate else " (not validated)")
+              + f"; counts and reasons in {summary_file.name}", highlight=False)
+    if result.interrupted:
+        out.print("interrupted: rerun the same command to go on where this run stopped", highlight=False)
+        raise typer.Exit(130)
+
+
+def synth(
+    repo: Annotated[str, typer.Option("--repo", help="Repository to inject bugs into (registered or bundled).")],
+    n: Annotated[int, typer.Option("--n", min=1, help="Tasks wanted: mutants are tried until this many break tests.")],
+    output: Annotated[Path, typer.Option("--output", help="JSONL file for the tasks (their commits go in "
+                                                          "<stem>.bundle beside it).")],
+    seed: Annotated[int, typer.Option("--seed", help="Same seed, same tasks.")] = 0,
+    kinds: Annotated[list[str] | None, typer.Option(
+        "--kinds",
+        help="Mutation kinds (repeat, or comma-separate; default: all). See making/synth/mutations.py.")
+    ] = None,
+    rev: Annotated[str | None, typer.Option("--rev", help="Revision to inject bugs into (default: HEAD).")] = None,
+    validate: Annotated[bool, typer.Option(
+        "--validate/--no-validate", help="Validate the tasks; only valid ones are written.")] = True,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Gold runs per task when validating.")] = 2,
+    whole_suite: Annotated[bool, typer.Option(
+        "--whole-suite", help="Check every mutant with the whole suite in a fresh sandbox, not with the tests a "
+                              "traced run says reach its function in a warm one (slower; for comparison).")] = False,
+    max_failing: Annotated[float, typer.Option(
+        "--max-failing", min=0.0, max=1.0, help="Drop bugs breaking more than this fraction of the passing tests.")
+    ] = 1.0,
+    rewrite_url: Annotated[str | None, typer.Option(
+        "--rewrite-url", help="OpenAI-compatible base URL (…/v1) to rewrite problem statements with.")] = None,
+    rewrite_model: Annotated[str | None, typer.Option("--rewrite-model", help="Model for --rewrite-url.")] = None,
+    rewrite_api_key: Annotated[str | None, typer.Option(
+        "--rewrite-api-key", envvar="PATCHGYM_REWRITE_API_KEY", help="Key for --rewrite-url.")] = None,
+    workers: WorkersOpt = DEFAULT_WORKERS,
+    backend: BackendOpt = "local",
+    isolation: IsolationOpt = "auto",
+) -> None:
+    """Make tasks by injecting bugs (SWE-smith style): small AST mutations of functions the tests reach,
+    kept when they break tests, then validated (pipeline: making/synth/generate.py)."""
+    from patchgym.making.registry import UnknownRepoError, get_repo
+    from patchgym.making.synth import Listener, SynthError, SynthOptions, chosen_kinds, synthesize
+
+    try:
+        wanted = chosen_kinds(split_ids(kinds))
+    except ValueError as exc:
+        fail(str(exc))
+    if bool(rewrite_url) != bool(rewrite_model):
+        fail("--rewrite-url and --rewrite-model go together")
+    try:
+        record = get_repo(repo)
+    except UnknownRepoError as exc:
+        fail(str(exc))
+    options = SynthOptions(n=n, seed=seed, kinds=wanted, rev=rev, workers=workers, validate=validate,
+                           runs=runs, max_failing_fraction=max_failing, fast=not whole_suite, rewrite_url=rewrite_url,
+                           rewrite_model=rewrite_model, rewrite_api_key=rewrite_api_key)
+    verifier = make_verifier(backend, isolation)
+    with progress_bar() as progress:
+
+        class Bars(Listener):
+            bar = None
+
+            def stage(self, name: str, total: int | None, completed: int = 0) -> None:
+                self.bar = progress.add_task(name, total=total, status="", completed=completed)
+
+            def step(self, status: str, advance: int = 1) -> None:
+                progress.update(self.bar, advance=advance, status=status)
+
+            def note(self, message: str) -> None:
+                console.print(message, markup=False, highlight=False)
+
+        try:
+            report = synthesize(record, output, options, verifier=verifier, factory=verifier.factory, listener=Bars())
+        except SynthError as exc:
+            fail(str(exc))
+    checks = {r.instance_id: r for r in report.validations}
+    table = Table(title=f"synthesized tasks of {record.name} at {report.rev[:12]}")
+    for col in ("instance_id", "kind", "function", "F2P", "P2P", "validation"):
+        table.add_column(col, overflow="fold")
+    for task in report.candidates:
+        meta = (task.model_extra or {}).get("synth", {})
+        check = checks.get(task.instance_id)
+        verdict = ("-" if check is None else "[green]ok[/]" if check.ok
+                   else "[red]" + "; ".join(check.problems).replace("[", "\\[") + "[/]")
+        table.add_row(task.instance_id, meta.get("kind", ""), f"{meta.get('path')}:{meta.get('function')}",
+                      str(len(task.FAIL_TO_PASS)), str(len(task.PASS_TO_PASS)), verdict)
+    if report.candidates:
+        out.print(table)
+    summary = Table(title=f"yield per mutation kind ({report.functions} functions, {report.sites} sites, "
+                          f"seed {seed})")
+    for col in ("kind", "tried", "broke tests", "kept" + (" (validated)" if validate else "")):
+        summary.add_column(col, justify="right" if col != "kind" else "left")
+    totals = [0, 0, 0]
+    for kind, counts in report.by_kind().items():
+        summary.add_row(kind, *map(str, counts))
+        totals = [a + b for a, b in zip(totals, counts, strict=True)]
+    summary.add_row("[bold]total", *map(str, totals))
+    out.print(summary)
+    dropped = report.dropped()
+    if dropped:
+        out.print("mutants dropped: " + "; ".join(f"{reason} {n}" for reason, n in dropped.most_common()),
+                  highlight=False)
+    written, seconds = len(report.tasks), report.seconds
+    new = written - report.resumed
+    if validate and new > 0:
+        out.print(f"validated {new}/{len(report.candidates)} candidate(s) in this run; "
+                  f"{seconds['total'] / new:.1f}s per validated task ({seconds['total']:.1f}s total)")
+    out.print(f"{report.output} holds {written} task(s)" + (f" ({report.resumed} from an earlier run)"
+                                                             if report.resumed else "")
+              + (f"; commits: {report.bundle}" if report.bundle else "") + ("" if validate else " (not validated)"),
+              highlight=False)
+    if report.interrupted:
+        out.print("interrupted: rerun the same command to go on where this run stopped", highlight=False)
+        raise typer.Exit(130)
+    if not written:
+        raise typer.Exit(1)
+
+
+def nemo_gym_dataset(
+    output: Annotated[Path, typer.Option("--output", help="JSONL file to write.")],
+    tasks: TasksOpt = None,
+    instance_ids: InstanceIdsOpt = None,
+    agent_name: Annotated[str | None, typer.Option(
+        "--agent-name", help="NeMo Gym agent to route every row to (adds agent_ref).")] = None,
+) -> None:
+    """Write tasks as NeMo Gym dataset rows (prompt, tools, instance_id; never the answers), for a
+    NeMo Gym agent whose resources server is `patchgym serve`."""
+    from patchgym.server.nemo_gym.dataset import nemo_gym_dataset_rows  # lazily: the layers below know nothing of HTTP
+
+    task_set = load_tasks(tasks, instance_ids)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w", encoding="utf-8") as f:
+        for row in nemo_gym_dataset_rows(task_set, agent_name=agent_name):
+            f.write(json.dumps(row) + "\n")
+    out.print(f"wrote {len(task_set)} NeMo Gym rows to {output}")

@@ -39,10 +39,10 @@ from patchgym.grading.declared import files_of
 from patchgym.grading.pyast import parse as parse_python
 from patchgym.grading.testrun import probe_task
 from patchgym.making import repo_setup as rs
-from patchgym.making.git_source import RepoFiles
+from patchgym.making.git_source import RepoFiles, RepoSetupError
 from patchgym.sandboxes import SandboxError
 from patchgym.sandboxes.installer import pip_settings, uv_executable, uv_options
-from patchgym.tasks.model import EnvironmentConfig, Task, TestSpec
+from patchgym.tasks.model import EnvironmentConfig, Task, TaskFileError, TestSpec
 
 # Interpreters tried after the one detect_setup picks, oldest last: Debian bullseye's and
 # bookworm's (what the docker backend builds without a hand-bootstrapped base).
@@ -540,3 +540,43 @@ def auto_environment(task: Task, factory: Callable[[Task], object], *, pythons: 
 
 def auto_test_spec(selection: str = "files") -> TestSpec:
     return TestSpec(selection="ids" if selection == "ids" else "files")
+
+
+@dataclass
+class AutoTask:
+    """What choosing one imported task's environment came to: the task with it (None when there is
+    none, and ``reason`` says why), the recipes tried (None when the repository could not be read),
+    and the row ``tasks import-swebench --auto-report`` writes for it (None likewise)."""
+
+    task: Task | None
+    reason: str = ""
+    found: AutoEnv | None = None
+    row: dict[str, object] | None = None
+
+
+def report_row(instance_id: str, found: AutoEnv, recipes: Sequence[Recipe]) -> dict[str, object]:
+    """One automatic choice as ``--auto-report`` writes it: the winner, every attempt and why it
+    failed, and, when none collected, the recipes the limit left untried: a repository no recipe
+    fits is fixed by a user reading them."""
+    winner = found.winner
+    return {"instance_id": instance_id, "winner": winner.name if winner else None,
+            "environment": winner.environment.model_dump() if winner else None,
+            "attempts": [{"recipe": a.recipe.name, "ok": a.ok, "reason": a.reason, "seconds": round(a.seconds, 1)}
+                         for a in found.attempts],
+            "not_tried": [r.name for r in recipes[len(found.attempts):]] if not winner else [],
+            "notes": recipes[0].notes if recipes else []}
+
+
+def auto_task(task: Task, factory: Callable[[Task], object], *, limit: int, selection: str = "files") -> AutoTask:
+    """``task`` with the environment of the first recipe whose tests collect, and the test spec of
+    ``selection`` (an imported row's own does not fit the automatic environment), or why none did."""
+    try:
+        found, recipes = auto_environment(task, factory, limit=limit)
+    except (RepoSetupError, TaskFileError) as exc:
+        return AutoTask(None, f"no automatic environment: {exc}")
+    row = report_row(task.instance_id, found, recipes)
+    winner = found.winner
+    if winner is None:
+        return AutoTask(None, f"no recipe collected its tests ({found.summary()})", found, row)
+    chosen = task.model_copy(update={"environment": winner.environment, "test_spec": auto_test_spec(selection)})
+    return AutoTask(chosen, "", found, row)

@@ -41,7 +41,7 @@ The rules (``patchgym tasks mine`` follows them; each is decided here, once):
   that fails is dropped. Outcomes are taken in history order and each kept task is appended to
   the output then, so an interrupted run keeps them and a rerun goes on.
 
-One file (about 510 lines): the rules above are one pipeline (walk, classify, build, run, validate,
+One file (about 530 lines): the rules above are one pipeline (walk, classify, build, run, validate,
 append), each step feeding the next the same commit record; the crash-safe output itself lives in
 :mod:`.incremental`.
 """
@@ -172,6 +172,16 @@ class MiningResult:
     def drop_counts(self) -> dict[DropReason, int]:
         counts = Counter(d.reason for d in self.dropped)
         return {reason: counts[reason] for reason in DropReason if counts[reason]}
+
+    def write_summary(self, output: Path) -> Path:
+        """Write :meth:`summary` as ``<stem>.summary.json`` beside the task file ``output`` (where
+        ``patchgym tasks mine`` and docs/new_tasks.md say it is), through a temporary file renamed
+        over it, so an interrupted write leaves the last summary rather than a torn one."""
+        path = output.with_name(f"{output.stem}.summary.json")
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.summary(), indent=2) + "\n")
+        tmp.replace(path)
+        return path
 
 
 # --- reading the history --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ reports from the failing tests, :mod:`.generate` runs the pipeline behind ``patc
 """
 
 from patchgym.making.synth.generate import Listener, SynthError, SynthOptions, SynthReport, synthesize
-from patchgym.making.synth.mutations import KINDS, Mutant, mutants
+from patchgym.making.synth.mutations import KINDS, Mutant, chosen_kinds, mutants
 
-__all__ = ["KINDS", "Listener", "Mutant", "SynthError", "SynthOptions", "SynthReport", "mutants", "synthesize"]
+__all__ = ["KINDS", "Listener", "Mutant", "SynthError", "SynthOptions", "SynthReport", "chosen_kinds", "mutants",
+           "synthesize"]

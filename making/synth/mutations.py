@@ -646,13 +646,20 @@ class _Module:
         return "".join(self.text.lines[: start - 1]) + code + "".join(self.text.lines[end:])
 
 
-def sites(source: str, kinds: Iterable[str] | None = None, names: Callable[[str], bool] | None = None) -> list[Site]:
-    """Every site of ``kinds`` (default: all) in the functions ``names`` accepts (by qualified
-    name; default: all that are not stubs), in a fixed order. Raises SyntaxError."""
-    wanted = list(kinds or KINDS)
+def chosen_kinds(kinds: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The mutation kinds asked for (none: all of them). Raises ValueError naming the unknown ones,
+    for ``patchgym tasks synth --kinds`` to report before any work starts."""
+    wanted = tuple(kinds or KINDS)
     unknown = [k for k in wanted if k not in KINDS]
     if unknown:
         raise ValueError(f"unknown mutation kind(s) {', '.join(unknown)}; known: {', '.join(KINDS)}")
+    return wanted
+
+
+def sites(source: str, kinds: Iterable[str] | None = None, names: Callable[[str], bool] | None = None) -> list[Site]:
+    """Every site of ``kinds`` (default: all) in the functions ``names`` accepts (by qualified
+    name; default: all that are not stubs), in a fixed order. Raises SyntaxError."""
+    wanted = chosen_kinds(kinds)
     module = _Module(source)
     found: list[Site] = []
     for function in functions(module.tree):

@@ -1,105 +1,31 @@
-"""Models and predictions graded on tasks: ``patchgym eval`` (predictions files, or the gold and
-empty patches), ``patchgym run`` (a model behind an OpenAI-compatible endpoint, episode by episode),
-``patchgym report`` (a run's HTML report) and ``patchgym trajectories export`` (its episodes as
-training data)."""
+"""``patchgym run``: a model behind an OpenAI-compatible endpoint evaluated on tasks, episode by
+episode, into a run directory an interrupted run continues in."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from patchgym.cli.common import (
     BACKENDS,
-    DEFAULT_WORKERS,
     BackendOpt,
     InstanceIdsOpt,
-    IsolationOpt,
     PriceCoreHourOpt,
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
     TasksOpt,
-    WorkersOpt,
     backend_options,
     fail,
     load_selection,
-    make_verifier,
     out,
     prices,
     progress_bar,
     reap,
 )
-
-if TYPE_CHECKING:
-    from patchgym.grading.verifier import InstanceReport
-
-
-def eval_predictions(
-    predictions: Annotated[str, typer.Option("--predictions", help="Predictions JSONL, or 'gold' / 'empty'.")],
-    tasks: TasksOpt = None,
-    instance_ids: InstanceIdsOpt = None,
-    workers: WorkersOpt = DEFAULT_WORKERS,
-    backend: BackendOpt = "local",
-    isolation: IsolationOpt = "auto",
-    output: Annotated[Path | None,
-                      typer.Option("--output", help="Report directory (default: patchgym-runs/<predictions>).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
-    ray_address: RayAddressOpt = None,
-    ray_sandbox: RaySandboxOpt = "local",
-    price_core_hour: PriceCoreHourOpt = None,
-    price_gb_hour: PriceGbHourOpt = None,
-) -> None:
-    """Grade predictions and write SWE-bench-style reports, with what each instance's grading cost."""
-    from patchgym.grading.evaluation import evaluate
-    from patchgym.tasks.model import TaskFileError
-    from patchgym.tasks.predictions import EMPTY, GOLD, load_predictions
-
-    everything, task_set = load_selection(tasks, instance_ids)
-    try:
-        # Checked against the whole task set: a predictions file may cover more than the selection.
-        preds = load_predictions(predictions, everything)
-    except TaskFileError as exc:
-        fail(str(exc))
-    preds = {i: p for i, p in preds.items() if i in task_set}
-    if not preds:
-        fail("no predictions for the selected instances")
-    name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
-    output = output or Path("patchgym-runs") / name
-    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
-    counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
-    with progress_bar() as progress:
-        bar = progress.add_task("evaluating", total=len(preds), status="")
-
-        def done(report: InstanceReport, resumed: bool) -> None:
-            key = ("error" if report.infrastructure_failure else "resolved" if report.resolved
-                   else "unresolved" if report.patch_exists else "empty")
-            counts[key] += 1
-            progress.update(bar, advance=1, status=" ".join(f"{k} {v}" for k, v in counts.items()))
-
-        summary = evaluate(task_set, preds, output, verifier=verifier, workers=workers, force=force, on_done=done)
-    report = summary.to_dict()
-    table = Table(title=f"evaluation of {name} ({summary.seconds:.1f}s)")
-    table.add_column("")
-    table.add_column("instances", justify="right")
-    for key in ("total", "submitted", "completed", "resolved", "unresolved", "empty_patch", "error"):
-        table.add_row(key.replace("_", " "), str(report[f"{key}_instances"]))
-    if summary.resumed_ids:
-        table.add_row("resumed (not re-run)", str(len(summary.resumed_ids)))
-    out.print(table)
-    cost = report["cost"]
-    if cost and cost["usd_per_1k_episodes"] is not None:
-        out.print(f"per instance: env CPU {cost['env_cpu_seconds_mean']:.3f}s, "
-                  f"test CPU {cost['test_cpu_seconds_mean']:.3f}s, "
-                  f"peak memory {(cost['peak_memory_bytes_max'] or 0) / 2**20:.0f} MiB at most; "
-                  f"${cost['usd_per_1k_episodes']:.4f} per 1,000 instances", highlight=False)
-    for instance_id in report["error_ids"]:
-        out.print(f"[red]error[/] {instance_id}: see {output / instance_id / 'report.json'}")
-    out.print(f"report: {output / 'report.json'}")
 
 
 def run(
@@ -179,35 +105,3 @@ def run(
     out.print(f"predictions: {output / 'predictions.jsonl'}  report: {output / 'report.json'}  html: {html}")
     if report["masked"]:
         out.print(f"{report['masked']} masked episode(s) (endpoint or environment failures) run again on a rerun")
-
-
-def report(
-    directory: Annotated[Path, typer.Argument(help="A run directory of `patchgym run`.")],
-) -> None:
-    """Write the run directory's self-contained HTML report (report.html)."""
-    from patchgym.rollouts.html_report import write_report
-
-    try:
-        path = write_report(directory)
-    except FileNotFoundError as exc:
-        fail(str(exc))
-    out.print(f"wrote {path}")
-
-
-def export_trajectories(
-    source: Annotated[Path, typer.Argument(help="A run directory, or a trajectories.jsonl.")],
-    output: Annotated[Path, typer.Option("--output", help="JSONL file to write.")],
-    fmt: Annotated[str, typer.Option("--format", help="chat or openai-ft.")] = "chat",
-    all_episodes: Annotated[bool, typer.Option(
-        "--all", help="Unresolved episodes too (masked ones never).")] = False,
-) -> None:
-    """Write episodes as SFT / rejection-sampling data: resolved ones unless --all."""
-    from patchgym.rollouts.export import export_trajectories
-
-    try:
-        rows = list(export_trajectories(source, fmt, include_unresolved=all_episodes))
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    out.print(f"wrote {len(rows)} episode(s) to {output}")
