@@ -65,7 +65,7 @@ def test_nothing_patches_gymnasiums_import():
 
 def test_the_command_line_imports_no_floor_before_a_command_needs_it():
     heavy = ["gymnasium", "numpy", "httpx", "docker", "pydantic", "patchgym.sandboxes", "patchgym.tasks",
-             "patchgym.grading", "patchgym.gym_envs", "patchgym.server"]
+             "patchgym.grading", "patchgym.gym_envs", "patchgym.making", "patchgym.rollouts", "patchgym.server"]
     loaded = fresh(f"import json, sys, patchgym.cli\nprint(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
     assert loaded == []
 
