@@ -48,7 +48,7 @@ from patchgym.server.models import (
     VerifyRequest,
     VerifyResponse,
 )
-from patchgym.server.nemo_gym.routes import nemo_gym_router
+from patchgym.server.nemo_gym.routes import NemoGymState, nemo_gym_router
 from patchgym.server.openenv import router as openenv_router
 from patchgym.server.sessions import CapacityError, OperationTimeout, SessionBusy, SessionNotFound
 from patchgym.tasks.catalog import TaskSet, UnknownTaskError, load_task_set
@@ -97,6 +97,7 @@ def create_app(
     app.state.manager = service.manager
     app.state.metrics = service.metrics
     app.state.task_set = task_set
+    app.state.nemo_gym = NemoGymState()
     app.include_router(router)
     app.include_router(openenv_router)
     app.include_router(nemo_gym_router(service))  # last: its catch-all /{tool_name} must match after every route

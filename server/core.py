@@ -10,12 +10,11 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
-from fastapi import Depends, HTTPException
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from patchgym.grading.cost import EpisodeCost, Prices
@@ -176,17 +175,6 @@ class EnvService:
             self.metrics.errors.labels("unauthorized").inc()
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
         return hashlib.sha256(given).hexdigest()
-
-    def owner_dependency(self) -> Any:
-        """A FastAPI dependency resolving to the caller's identity (see :meth:`authenticate`)."""
-        bearer = HTTPBearer(auto_error=False, description="Required when the server was started with a token.")
-
-        # async: FastAPI runs a sync dependency in its shared 40-thread pool, a thread hop per
-        # request that queues behind every other pooled call under load.
-        async def owner(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
-            return self.authenticate(creds.credentials if creds is not None else None)
-
-        return owner
 
     # -- sessions -------------------------------------------------------------------------
 
