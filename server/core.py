@@ -1,8 +1,8 @@
 """What every HTTP protocol of the server shares: the task set, the sessions, the verifier, auth and
 metrics. The native API (:mod:`patchgym.server.app`), the NeMo Gym routes
 (:mod:`patchgym.server.nemo_gym.routes`) and the OpenEnv routes (:mod:`patchgym.server.openenv`) are thin
-translations over one :class:`EnvService`, so a
-limit, a deadline or a metric holds whichever protocol a client speaks.
+translations over one :class:`EnvService`, so a limit, a deadline or a metric holds whichever
+protocol a client speaks. Their handlers find it on ``app.state`` (:mod:`patchgym.server.deps`).
 """
 
 import hashlib
@@ -10,12 +10,11 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
-from fastapi import Depends, HTTPException
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from patchgym.grading.cost import EpisodeCost, Prices
@@ -128,12 +127,13 @@ class EnvService:
     session open from a client that does not retry (NeMo Gym) waits for a free slot.
     ``rollout_idle_ttl``: the idle TTL of such sessions, short, so a rollout its agent abandoned
     does not hold a slot for long. ``env_options["prices"]`` (a :class:`Prices`) prices every
-    episode's cost, in its report and in the metrics.
+    episode's cost, in its report and in the metrics. ``model_endpoints``: the model API roots a
+    client's rollout may make the server call (none: it calls none).
     """
 
     def __init__(self, task_set: TaskSet, *, backend: str, env_options: dict[str, Any], max_sessions: int,
                  idle_ttl: float, operation_timeout: float, tokens: Sequence[str], seed_wait: float = 600.0,
-                 rollout_idle_ttl: float = 300.0) -> None:
+                 rollout_idle_ttl: float = 300.0, model_endpoints: Sequence[str] = ()) -> None:
         self.task_set = task_set
         self.backend = backend
         self.env_options = dict(env_options)
@@ -152,6 +152,7 @@ class EnvService:
         self.operation_timeout = operation_timeout
         self.seed_wait = seed_wait
         self.rollout_idle_ttl = rollout_idle_ttl
+        self.model_endpoints = tuple(model_endpoints)
         self.manager = SessionManager(max_sessions=max_sessions, idle_ttl=idle_ttl,
                                       operation_timeout=operation_timeout)
         self.metrics = Metrics(self.manager, self.queue_depth, self.prices)
@@ -174,17 +175,6 @@ class EnvService:
             self.metrics.errors.labels("unauthorized").inc()
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
         return hashlib.sha256(given).hexdigest()
-
-    def owner_dependency(self) -> Any:
-        """A FastAPI dependency resolving to the caller's identity (see :meth:`authenticate`)."""
-        bearer = HTTPBearer(auto_error=False, description="Required when the server was started with a token.")
-
-        # async: FastAPI runs a sync dependency in its shared 40-thread pool, a thread hop per
-        # request that queues behind every other pooled call under load.
-        async def owner(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str | None:
-            return self.authenticate(creds.credentials if creds is not None else None)
-
-        return owner
 
     # -- sessions -------------------------------------------------------------------------
 

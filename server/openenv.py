@@ -7,6 +7,9 @@ first ``reset`` and closed when the socket closes or drops, even mid-step. ``POS
 Sessions, limits, deadlines, auth and metrics are :class:`patchgym.server.core.EnvService`'s, shared with
 the native ``/v1`` API. Actions are patchgym tool calls, ``{"name": ..., "arguments": {...}}``;
 observations are objects whose ``output`` is patchgym's text observation.
+
+The routes are module-level handlers on :data:`router`; the service reaches them as a dependency
+(:mod:`patchgym.server.deps`, which serves the WebSocket too).
 """
 
 import asyncio
@@ -16,13 +19,14 @@ import uuid
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, Depends, HTTPException, WebSocket, status
+from fastapi import APIRouter, Body, HTTPException, WebSocket, status
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from patchgym.sandboxes import SandboxError
 from patchgym.server.core import EnvService, EpisodeOver
+from patchgym.server.deps import Owner, Service
 from patchgym.server.models import ErrorBody
 from patchgym.server.sessions import CapacityError, OperationTimeout, Session, SessionBusy, SessionNotFound
 from patchgym.tasks.catalog import UnknownTaskError
@@ -365,59 +369,59 @@ async def serve_connection(websocket: WebSocket, conn: Connection) -> None:
 
 # -- the router -----------------------------------------------------------------------------
 
+router = APIRouter(tags=["openenv"])  # ``/ws`` (sessions), stateless ``/reset`` and ``/step``, and the rest
 
-def openenv_router(service: EnvService) -> APIRouter:
-    """OpenEnv's routes: ``/ws`` (sessions), stateless ``/reset`` and ``/step``, ``/state``,
-    ``/schema``, ``/health``. Auth is the server's: a bearer token when it has tokens."""
-    router = APIRouter(tags=["openenv"])
-    Owner = Annotated[str | None, Depends(service.owner_dependency())]
 
-    @router.websocket("/ws")
-    async def ws(websocket: WebSocket) -> None:
-        """One environment per connection (OpenEnv's reset/step/state/close messages)."""
-        try:
-            owner = service.authenticate(bearer_token(websocket.headers.get("authorization")))
-        except HTTPException:
-            await websocket.close(code=status.WS_1008_POLICY_VIOLATION, reason="missing or wrong bearer token")
-            return
-        await websocket.accept()
-        await serve_connection(websocket, Connection(service, owner))
+@router.websocket("/ws")
+async def ws(websocket: WebSocket, service: Service) -> None:
+    """One environment per connection (OpenEnv's reset/step/state/close messages). Auth is the
+    server's bearer token, checked before accepting (a refusal is close code 1008)."""
+    try:
+        owner = service.authenticate(bearer_token(websocket.headers.get("authorization")))
+    except HTTPException:
+        await websocket.close(code=status.WS_1008_POLICY_VIOLATION, reason="missing or wrong bearer token")
+        return
+    await websocket.accept()
+    await serve_connection(websocket, Connection(service, owner))
 
-    @router.post("/reset", response_model=StepResult, responses=SESSION_ERRORS)
-    async def reset(who: Owner, body: Annotated[ResetData | None, Body()] = None) -> StepResult:
-        """Stateless: a fresh session's first observation; the session is closed before answering."""
-        body = body or ResetData()
-        session, text, info = await service.open_session(who, task_id=body.task, seed=body.seed, protocol=PROTOCOL)
-        try:
-            return StepResult(observation=observation(text, info, session.instance_id, tools=service.tools))
-        finally:
-            await close_shielded(service, session)
 
-    @router.post("/step", response_model=StepResult, responses=SESSION_ERRORS)
-    async def step(body: StepBody, who: Owner) -> StepResult:
-        """Stateless: the action on a fresh episode of the task (``task_id`` or drawn with ``seed``),
-        whose session is closed before answering. Real episodes need ``/ws``."""
-        session, _, _ = await service.open_session(who, task_id=body.task, seed=body.seed, protocol=PROTOCOL)
-        try:
-            text, reward, terminated, truncated, info = await service.step(session, body.action, protocol=PROTOCOL)
-        finally:
-            await close_shielded(service, session)
-        obs = observation(text, info, session.instance_id, terminated=terminated, truncated=truncated)
-        return StepResult(observation=obs, reward=reward, done=terminated or truncated)
+@router.post("/reset", response_model=StepResult, responses=SESSION_ERRORS)
+async def reset(service: Service, who: Owner, body: Annotated[ResetData | None, Body()] = None) -> StepResult:
+    """Stateless: a fresh session's first observation; the session is closed before answering."""
+    body = body or ResetData()
+    session, text, info = await service.open_session(who, task_id=body.task, seed=body.seed, protocol=PROTOCOL)
+    try:
+        return StepResult(observation=observation(text, info, session.instance_id, tools=service.tools))
+    finally:
+        await close_shielded(service, session)
 
-    @router.get("/state", response_model=EpisodeState)
-    async def state() -> EpisodeState:
-        """Stateless HTTP has no episode: the default state (a session's state is a ``/ws`` message)."""
-        return EpisodeState()
 
-    @router.get("/schema")
-    async def schema() -> dict[str, Any]:
-        """JSON schemas of the action (a tool call), the observation and the state."""
-        return {"action": action_schema(service.tools), "observation": ObservationView.model_json_schema(),
-                "state": EpisodeState.model_json_schema()}
+@router.post("/step", response_model=StepResult, responses=SESSION_ERRORS)
+async def step(body: StepBody, service: Service, who: Owner) -> StepResult:
+    """Stateless: the action on a fresh episode of the task (``task_id`` or drawn with ``seed``),
+    whose session is closed before answering. Real episodes need ``/ws``."""
+    session, _, _ = await service.open_session(who, task_id=body.task, seed=body.seed, protocol=PROTOCOL)
+    try:
+        text, reward, terminated, truncated, info = await service.step(session, body.action, protocol=PROTOCOL)
+    finally:
+        await close_shielded(service, session)
+    obs = observation(text, info, session.instance_id, terminated=terminated, truncated=truncated)
+    return StepResult(observation=obs, reward=reward, done=terminated or truncated)
 
-    @router.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "healthy"}
 
-    return router
+@router.get("/state", response_model=EpisodeState)
+async def state() -> EpisodeState:
+    """Stateless HTTP has no episode: the default state (a session's state is a ``/ws`` message)."""
+    return EpisodeState()
+
+
+@router.get("/schema")
+async def schema(service: Service) -> dict[str, Any]:
+    """JSON schemas of the action (a tool call), the observation and the state."""
+    return {"action": action_schema(service.tools), "observation": ObservationView.model_json_schema(),
+            "state": EpisodeState.model_json_schema()}
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "healthy"}
