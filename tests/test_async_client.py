@@ -60,8 +60,9 @@ def test_a_batch_larger_than_capacity_completes_by_retrying_429(calc_tasks_file,
     fix = {"name": "bash", "arguments": {"command": f"printf %s {shlex.quote(calc_task.patch)} | git apply"}}
 
     async def batch(url: str) -> list:
-        # The server's Retry-After (5 s) is capped to keep the test short; the retries still wait.
-        async with AsyncClient(url, max_retries=200, max_retry_delay=0.1) as c:
+        # The server's Retry-After (5 s) is capped to keep the test short; the retries still wait. The
+        # budget (3000 x 0.1 s) outlasts two rounds of episodes on a loaded machine: 200 did not once.
+        async with AsyncClient(url, max_retries=3000, max_retry_delay=0.1) as c:
             async def episode(solve: bool) -> tuple[str, float]:
                 session = await c.create_session(task_id=TASK, max_steps=5)
                 try:
