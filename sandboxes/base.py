@@ -7,8 +7,8 @@ environment ready, and runs untrusted commands in it. The gym never touches a ba
 it only calls the methods of :class:`Sandbox`. The backends are siblings that import this module,
 never each other.
 
-This module is also copied into sandboxes (as ``pgrt.base``) and run there by other interpreters
-(3.6 on): the standard library only, and the relative import below.
+This module is also copied into sandboxes (as ``pgrt.base``) and run there by another interpreter
+(a Docker image's Debian python3): the standard library only, and the relative import below.
 """
 
 from __future__ import annotations
@@ -162,7 +162,6 @@ class ResourceLimits:
     cpus: float = 2.0  # CPU share of a container (Docker backend)
     disk_bytes: int = 2 << 30
     disk_files: int = 200_000
-
 
 
 # -- the protocol --------------------------------------------------------------------------------
