@@ -5,6 +5,7 @@ conventions): nothing of patchgym's imports a bare ``tasks`` or ``server``."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import venv
 import zipfile
@@ -53,13 +54,12 @@ def test_gym_make_works_beside_a_users_tasks_and_server_with_no_patchgym_import(
     nothing of patchgym, resets RepoEnv on a task, submits the gold patch through bash, and makes
     the remote environment the same way."""
     project = user_project(tmp_path / "project")
-    patch = tmp_path / "gold.diff"
-    patch.write_text(calc_task.patch)
+    fix = f"printf %s {shlex.quote(calc_task.patch)} | git apply"  # the host's files are not in the sandbox
     script = f"""
 import json, sys, gymnasium as gym
 env = gym.make("patchgym.gym_envs:patchgym/RepoEnv-v0", tasks={str(calc_tasks_file)!r})
 obs, info = env.reset(options={{"task_id": {calc_task.instance_id!r}}})
-env.step({{"name": "bash", "arguments": {{"command": "git apply {patch}"}}}})
+env.step({{"name": "bash", "arguments": {{"command": {fix!r}}}}})
 _, reward, terminated, _, _ = env.step({{"name": "submit", "arguments": {{}}}})
 env.close()
 remote = gym.make("patchgym.server:patchgym/Remote-v0", url="http://127.0.0.1:9")
