@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from patchgym.grading.patch_apply import apply_patch
+from patchgym.grading.patches import parse_patch
 from patchgym.grading.testrun import probe_task, run_tests
 from patchgym.sandboxes.bytecode import PREFIX_ENV
 from patchgym.tasks.backends import make_sandbox
@@ -77,7 +78,7 @@ def _graded(task, tests: list[str], patches: list[str], side: str) -> float:
     sandbox = make_sandbox(task)
     try:
         for patch in patches:
-            assert apply_patch(sandbox, patch, fuzzy=False), task.instance_id
+            assert apply_patch(sandbox, parse_patch(patch), fuzzy=False), task.instance_id
         graded = _NoPrefix(sandbox) if side == "old" else sandbox
         start = time.perf_counter()
         run = run_tests(graded, task.test_spec, tests)

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from patchgym.grading.patch_apply import apply_patch  # noqa: E402
+from patchgym.grading.patches import parse_patch  # noqa: E402
 from patchgym.grading.runners import build_command, changed_test_files, pytest_selectors  # noqa: E402
 from patchgym.grading.testrun import run_tests  # noqa: E402
 from patchgym.grading.verifier import InstanceReport, Verifier  # noqa: E402
@@ -75,7 +76,7 @@ def bare_runner(task, factory):
     timing one bare test run."""
     sandbox = factory(task)
     for name, patch in (("gold", task.patch), ("test", task.test_patch)):
-        if apply_patch(sandbox, patch, fuzzy=True) is None:
+        if apply_patch(sandbox, parse_patch(patch), fuzzy=True) is None:
             sandbox.close()
             raise SandboxError(f"the {name} patch does not apply for the bare run")
     command = bare_command(task)

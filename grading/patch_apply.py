@@ -26,6 +26,8 @@ FUZZY_PATCH = "patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch"
 
 
 def _nonempty(files: Sequence[FilePatch]) -> Sequence[FilePatch]:
+    if isinstance(files, str):  # text is a Sequence too: say so rather than render its characters
+        raise TypeError("pass the parsed sections (patches.parse_patch), not the patch's text")
     if not files:
         raise PatchError("the patch changes no file")
     return files

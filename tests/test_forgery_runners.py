@@ -369,8 +369,9 @@ def test_runner_ids_are_the_parsers_ids(runner_tasks):
     sandbox = make_sandbox(task)
     try:
         from patchgym.grading.patch_apply import apply_patch
+        from patchgym.grading.patches import parse_patch
 
-        assert apply_patch(sandbox, task.test_patch, fuzzy=False) is not None
+        assert apply_patch(sandbox, parse_patch(task.test_patch), fuzzy=False) is not None
         run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS,
                         files=runners.changed_test_files(task.test_patch))
     finally:

@@ -424,6 +424,8 @@ def test_patch_is_not_tried_where_it_differs_from_git(workdir):
 def test_apply_patch_errors(workdir):
     with pytest.raises(PatchError):
         apply_patch(Shell(workdir), parse_patch("not a patch"))
+    with pytest.raises(TypeError, match="parsed sections"):  # text is a Sequence: refused, not rendered
+        apply_patch(Shell(workdir), FIX)
 
     class Broken(Shell):
         def exec(self, command, timeout=60.0):
