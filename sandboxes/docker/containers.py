@@ -4,6 +4,9 @@ network, limits, labels, a lifetime), removed, and found again when its owner is
 The container's main process is the command server (``server.c``, from the runtime volume, see
 ``runtime.py``): it ends when its lifetime is over or when the client's stream closes, and the
 engine then removes the container (``auto_remove``), so a killed client cannot leave it running.
+A start that fails removes what it made: the container is named before it is created, so even one
+the engine made after the request's deadline passed is found (and one that started is let go of
+through ``retire.py``, which never races the engine's own removal).
 Every place the command user can write (/testbed, /tmp, /var/tmp, /dev/shm, /run/lock) is a tmpfs
 with a size and an inode limit that the engine sets up: past them writes fail with ENOSPC, and the
 container's writable layer on the host's disk is root's alone. (A Docker volume of the local
@@ -13,12 +16,12 @@ such a volume from the image: it starts empty, like a tmpfs mount, which needs n
 
 from __future__ import annotations
 
-import atexit
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import uuid
 from functools import lru_cache
 
 from patchgym.sandboxes.base import ResourceLimits, SandboxError
+from patchgym.sandboxes.docker.build_mutex import namespace
 from patchgym.sandboxes.docker.client import (
     KIND_LABEL,
     MANAGED_LABEL,
@@ -30,11 +33,13 @@ from patchgym.sandboxes.docker.client import (
     remove_container,
 )
 from patchgym.sandboxes.docker.connection import attach
+from patchgym.sandboxes.docker.retire import retirements
 from patchgym.sandboxes.docker.runtime import RUNTIME_MOUNT, SERVER, discard_runtime, runtime_volume
 
 log = logging.getLogger(__name__)
 
 WORKDIR = "/testbed"
+NAME_PREFIX = "patchgym-sb-"
 DEFAULT_LIFETIME = 6 * 3600
 START_TIMEOUT = 300.0  # the server fills /testbed before it answers: a large repository takes seconds
 SMALL_SCRATCH = (64 << 20, 10_000)  # bytes, inodes at most for /dev/shm and /run/lock (Docker's shm is 64 MiB)
@@ -71,7 +76,21 @@ def tmpfs_mounts(image: str, limits: ResourceLimits) -> dict[str, str]:
 
 def start_container(image: str, limits: ResourceLimits, lifetime: int, network: bool):
     """Start a container for ``image`` whose main process is the command server, and wait until
-    the server has filled /testbed. Return the container and a connection to its server."""
+    the server has filled /testbed. Return the container and a connection to its server.
+
+    Fails with a :class:`SandboxError` (``docker.errors.ImageNotFound`` for a missing image), having
+    removed what it made."""
+    import docker.errors
+
+    try:
+        return _start(image, limits, lifetime, network)
+    except (SandboxError, docker.errors.ImageNotFound):
+        raise
+    except Exception as exc:  # the engine refused, failed or missed a deadline
+        raise SandboxError(f"cannot start a sandbox container from {image}: {type(exc).__name__}: {exc}") from exc
+
+
+def _start(image: str, limits: ResourceLimits, lifetime: int, network: bool):
     import docker
     import docker.errors
 
@@ -91,19 +110,27 @@ def start_container(image: str, limits: ResourceLimits, lifetime: int, network: 
             ulimits=ulimits, tmpfs=tmpfs_mounts(image, limits), binds={volume: {"bind": RUNTIME_MOUNT, "mode": "ro"}},
             # The server's stdout carries every answer: none of it goes to a log file on the host.
             log_config=docker.types.LogConfig(type="none"))
+        name = f"{NAME_PREFIX}{namespace()}{uuid.uuid4().hex[:16]}"
         # create + start rather than run(): run() answers a missing image by pulling from a registry.
         # stdin_open without detach sets StdinOnce: the server's stdin closes when the client goes.
-        container_id = api.create_container(
-            image, [SERVER, str(int(lifetime))], stdin_open=True, detach=False, working_dir=WORKDIR,
-            host_config=host_config, labels={MANAGED_LABEL: "1", KIND_LABEL: "sandbox", OWNER_LABEL: owner_id()},
-        )["Id"]
-        container = client.containers.prepare_model({"Id": container_id})
+        try:
+            container_id = api.create_container(
+                image, [SERVER, str(int(lifetime))], stdin_open=True, detach=False, working_dir=WORKDIR, name=name,
+                host_config=host_config, labels={MANAGED_LABEL: "1", KIND_LABEL: "sandbox", OWNER_LABEL: owner_id()},
+            )["Id"]
+        except BaseException:
+            # The engine may have made it after this request's deadline passed: by its name.
+            remove_container(client.containers.prepare_model({"Id": name}), attempts=1)
+            raise
+        container = client.containers.prepare_model({"Id": container_id, "Name": f"/{name}"})
         connection = None
+        started = False
         try:
             # attached before the start, so that nothing the server says is lost
             connection = attach(api, container_id)
             try:
                 api.start(container_id)
+                started = True
             except docker.errors.APIError as exc:
                 if attempt == 0 and SERVER in str(exc) and "no such file" in str(exc).lower():
                     discard_runtime(volume)  # an interrupted build left the volume incomplete: build it again
@@ -114,17 +141,14 @@ def start_container(image: str, limits: ResourceLimits, lifetime: int, network: 
             connection.wait_ready(START_TIMEOUT)
             return container, connection
         except BaseException:
-            if connection is not None:
-                connection.close()
-            remove_container(container)
+            if started:  # its server ends with the stream, and the engine removes it: watched, not raced
+                retirements.retire(container, connection)
+            else:  # never started: nothing removes it but this
+                if connection is not None:
+                    connection.close()
+                remove_container(container)
             raise
     raise AssertionError("unreachable: the second attempt returns or raises")
-
-
-# Removing a running container takes 100-200 ms of the engine's time; close() hands it to these
-# threads so that a trainer is not kept waiting, and exit waits for them so none is left behind.
-removals = ThreadPoolExecutor(max_workers=4, thread_name_prefix="patchgym-docker-rm")
-atexit.register(removals.shutdown, wait=True)
 
 
 def gc_containers(*, include_live_owners: bool = False, other_hosts: bool = False,

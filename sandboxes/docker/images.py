@@ -83,9 +83,12 @@ from patchgym.sandboxes.docker.client import (
     TESTBED_BYTES_LABEL,
     TESTBED_FILES_LABEL,
     docker_client,
+    engine_client,
+    owner_id,
     remove_container,
 )
 from patchgym.sandboxes.docker.connection import attach
+from patchgym.sandboxes.docker.retire import retirements
 from patchgym.sandboxes.installer import uv_executable
 from patchgym.sandboxes.lifetime import run_checked
 from patchgym.sandboxes.locks import file_lock
@@ -131,6 +134,7 @@ PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_prox
 DEBOOTSTRAP_TIMEOUT = 3600.0
 DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 BUILD_TIMEOUT = 3600.0
+REMOVE_WAIT = 30.0  # seconds a finished build waits for its container to be gone
 # Debian's venvs come with the pip of their release (20.3 on bullseye): it installs a project with a
 # pyproject.toml in editable mode through ``setup.py develop`` in an isolated build, which today's
 # setuptools turns into a nested ``pip install`` that cannot see pip (every pytest 4.x-8.x checkout
@@ -164,9 +168,7 @@ def _build_client():
     :func:`docker_client` checks that the engine is reachable; this one shares its environment.
     """
     docker_client()
-    import docker
-
-    return docker.from_env(timeout=int(BUILD_TIMEOUT) + 120)
+    return engine_client(BUILD_TIMEOUT + 120)
 
 
 def _image(ref: str):
@@ -573,10 +575,16 @@ class BuildContainer:
         self.api = _build_client().api
 
         def create(name: str):
-            container = _build_client().containers.create(
-                image, ["sh", "-c", "exec cat >/dev/null"], stdin_open=True, detach=False, auto_remove=True,
-                network_mode="bridge" if network else "none", volumes=volumes or {}, working_dir="/", name=name,
-                labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()})
+            try:
+                container = _build_client().containers.create(
+                    image, ["sh", "-c", "exec cat >/dev/null"], stdin_open=True, detach=False, auto_remove=True,
+                    network_mode="bridge" if network else "none", volumes=volumes or {}, working_dir="/", name=name,
+                    labels={MANAGED_LABEL: "1", KIND_LABEL: "build", **owner_labels()})
+            except docker.errors.APIError:
+                raise  # refused (409: another builder holds the name): nothing of ours was made
+            except BaseException:
+                _remove_if_ours(name)  # the engine may have made it after the request's deadline passed
+                raise
             try:
                 tie = attach(self.api, container.id)
             except BaseException:
@@ -678,23 +686,51 @@ class BuildContainer:
             raise EnvironmentBuildError(f"copying files into the build container at {path} failed")
 
     def commit(self, repository: str, tag: str, *, kind: str, changes: list[str]) -> str:
+        """Commit the container's filesystem as ``repository:tag``, without pausing it.
+
+        A pausing commit freezes the container's cgroup (cgroup v1's freezer) for the copy; on
+        Debian's docker.io 20.10 a container that ended or was removed while it was being paused
+        stayed in containerd's ``pausing`` state (``failed to delete process ... current process
+        state: pausing``) and its removal, then the engine's other container operations, hung
+        until the engine restarted. Nothing needs freezing: every build step has returned, so the
+        processes it left (none should remain) are killed first, and only the main process, which
+        writes nothing, is left running during the copy."""
         labels = {MANAGED_LABEL: "1", KIND_LABEL: kind, OWNER_LABEL: ""}
         all_changes = [*changes, 'CMD ["bash"]', *(f"LABEL {k}={v}" for k, v in labels.items())]
         try:
-            self.container.commit(repository=repository, tag=tag, changes=all_changes, pause=True)
+            # kill(-1) from the shell reaches every process but itself and pid 1 (the tie's cat)
+            self.run_capture(["sh", "-c", "kill -KILL -1 2>/dev/null; true"])
+            self.container.commit(repository=repository, tag=tag, changes=all_changes, pause=False)
         except Exception as exc:
             raise EnvironmentBuildError(f"committing {repository}:{tag} failed: {exc}") from None
         return f"{repository}:{tag}"
 
     def remove(self) -> None:
-        remove_container(self.container)  # at once, not when the engine sees the tie close
-        self._tie.close()
+        """End the container (its main process ends with the tie; the engine removes it) and wait
+        a bounded time until it is gone, which releases the build's name to other builders."""
+        retirements.retire(self.container, self._tie)
+        retirements.wait(REMOVE_WAIT, {self.container.id})
 
     def __enter__(self) -> BuildContainer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.remove()
+
+
+def _remove_if_ours(name: str) -> None:
+    """Remove the container ``name`` if this process made it (by its owner label)."""
+    import docker.errors
+
+    try:
+        container = _client().containers.get(name)
+    except docker.errors.NotFound:
+        return
+    except Exception as exc:
+        log.warning("cannot look for the build container %s: %s (patchgym sandboxes gc removes it)", name, exc)
+        return
+    if (container.labels or {}).get(OWNER_LABEL) == owner_id():
+        remove_container(container)
 
 
 def _venv_environ() -> dict[str, str]:

@@ -34,7 +34,8 @@ import time
 from collections import deque
 
 from patchgym.sandboxes.base import ResourceLimits, SandboxError
-from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, removals, remove_container, start_container
+from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, start_container
+from patchgym.sandboxes.docker.retire import retirements
 
 log = logging.getLogger(__name__)
 
@@ -184,12 +185,7 @@ def _answers(connection) -> bool:
 
 
 def _let_go(item: tuple) -> None:
-    container, connection = item[0], item[1]
-    connection.close()  # the server ends, and the engine removes its container
-    try:
-        removals.submit(remove_container, container)  # in case it did not
-    except RuntimeError:  # at interpreter exit: the executor is shut down
-        remove_container(container)
+    retirements.retire(item[0], item[1])  # the server ends, and the engine removes its container
 
 
 _pools: dict[int, WarmPool] = {}

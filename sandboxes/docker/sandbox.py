@@ -29,8 +29,9 @@ from patchgym.sandboxes.base import (
     WorkspaceError,
 )
 from patchgym.sandboxes.docker.connection import ServerError
-from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, removals, remove_container, start_container
+from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, start_container
 from patchgym.sandboxes.docker.pool import WarmPool
+from patchgym.sandboxes.docker.retire import retirements
 from patchgym.sandboxes.gitops import DIFF_LIMIT
 from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT, CappedOutput
 
@@ -130,13 +131,9 @@ class DockerSandbox(ClosesItself):
             if self._closed:
                 return
             self._closed = True
-            self._conn.close()  # the server ends, and the engine removes its container
-            # In case it did not (a server stuck where it cannot read its stream): removing a running
-            # container takes 100-200 ms of the engine's time, which a trainer is not kept waiting for.
-            try:
-                removals.submit(remove_container, self.container)
-            except RuntimeError:  # at interpreter exit: the executor is shut down
-                remove_container(self.container)
+            # The server ends with its stream and the engine removes the container; one that is
+            # still there after a grace is removed then (retire.py), off the caller's time.
+            retirements.retire(self.container, self._conn)
 
     def _check_path(self, path: str) -> None:
         if path.startswith("/") and path != WORKDIR and not path.startswith(WORKDIR + "/"):
