@@ -29,7 +29,6 @@ engine's processes) and the task's instance image (built on first use).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -41,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_sandbox import print_results, summary  # noqa: E402  (also puts the repository on sys.path)
+from procmem import _rollup, cgroup_memory, engine_uss, shim_of, uss  # noqa: E402
 
 from patchgym import load_task_set  # noqa: E402
 from patchgym.sandboxes.base import ResourceLimits  # noqa: E402
@@ -103,60 +103,6 @@ class Peer:
 
 # ---------------------------------------------------------------------------------------------
 # memory
-
-
-def _rollup(pid: int) -> dict[str, int]:
-    """/proc/PID/smaps_rollup in bytes."""
-    values = {}
-    with open(f"/proc/{pid}/smaps_rollup") as fh:
-        for line in fh.readlines()[1:]:
-            key, _, rest = line.partition(":")
-            values[key] = int(rest.split()[0]) * 1024
-    return values
-
-
-def uss(pid: int) -> int:
-    rollup = _rollup(pid)
-    return rollup["Private_Clean"] + rollup["Private_Dirty"]
-
-
-def pids_named(name: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as fh:
-                    if fh.read().strip() == name:
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
-
-
-def engine_uss() -> int:
-    """dockerd's and containerd's private memory: the median of a few looks (their Go heaps move)."""
-    looks = []
-    for _ in range(5):
-        looks.append(sum(uss(pid) for name in ("dockerd", "containerd") for pid in pids_named(name)))
-        time.sleep(0.3)
-    return int(statistics.median(looks))
-
-
-def shim_of(container_id: str) -> int:
-    for pid in pids_named("containerd-shim"):
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            if container_id.encode() in fh.read():
-                return pid
-    raise RuntimeError(f"no containerd-shim for {container_id[:12]}")
-
-
-def cgroup_memory(container_id: str) -> int:
-    for pattern in (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes",
-                    f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current",
-                    f"/sys/fs/cgroup/docker/{container_id}/memory.current"):
-        for path in glob.glob(pattern):
-            return int(Path(path).read_text())
-    raise RuntimeError(f"no memory cgroup found for {container_id[:12]}")
 
 
 def idle_memory(container_ids: list[str], engine_before: int, client_pid: int, client_before: int) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
 import shutil
 import signal
 import threading
@@ -42,7 +43,7 @@ from patchgym.sandboxes.environments import (
 )
 from patchgym.sandboxes.files import read_regular, resolve_in_workspace, write_regular
 from patchgym.sandboxes.gitops import Pristine, workspace_diff
-from patchgym.sandboxes.init_process import InitProcess, init_interpreter, runtime_dir
+from patchgym.sandboxes.init_process import InitProcess, init_command
 from patchgym.sandboxes.install_inputs import install_inputs_digest, shareable_install
 from patchgym.sandboxes.isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from patchgym.sandboxes.lifetime import parent_checked
@@ -53,6 +54,7 @@ from patchgym.sandboxes.paths import cache_dir
 from patchgym.sandboxes.process import ProcessLimitWatch, run_capped
 from patchgym.sandboxes.reaper import owned_name
 from patchgym.sandboxes.repos import copy_checkout, git, pristine_checkout
+from patchgym.sandboxes.wire import ServerError, exec_request, exec_result
 
 log = logging.getLogger(__name__)
 
@@ -139,15 +141,15 @@ class LocalSandbox(ClosesItself):
                 cache_dir("checkouts"), cache_dir("mirrors"), cache_dir("sandboxes")]
             self._group = ProcessGroup(self.limits)
             if self.isolated:
-                init_python, init_prefix, init_site = init_interpreter()
+                init = init_command()
                 pids_cgroup = self._group.dirs.get("pids")  # read by the init's fork-bomb watchdog
-                read_only = list(dict.fromkeys([*self.env.mounts, init_prefix, runtime_dir()]))
-                self._init_argv = [init_python, "-I", "-S", str(runtime_dir() / "sandbox_init.py")]
+                read_only = list(dict.fromkeys([*self.env.mounts, *init.read_only]))
+                self._init_argv = list(init.argv)
                 if pids_cgroup is not None:
                     read_only.append(pids_cgroup)
                     self._init_argv.append(str(pids_cgroup))
                 self._bwrap_prefix = bwrap_prefix(Mounts(workspace=self.workspace, tmp=self.tmp, read_only=read_only,
-                                                         hidden=list(dict.fromkeys(self._hidden + list(init_site)))))
+                                                         hidden=list(dict.fromkeys(self._hidden + list(init.hidden)))))
             self._fill()
             self._start_init()
         except BaseException:
@@ -185,14 +187,19 @@ class LocalSandbox(ClosesItself):
             self._start_init()
         assert self._init is not None
         start = time.monotonic()
-        request = {"command": command, "cwd": cwd, "env": env or {}, "timeout": timeout, "limit": limit}
+        # The shell enters the working directory, so that one the agent made unreadable fails the
+        # command instead of the init's spawn.
+        script = f"cd -- {shlex.quote(cwd)} || exit 1\n{command}"
         try:
             # The init enforces the timeout itself; the margin covers killing what the command left.
-            response = self._init.request(request, start + timeout + 30.0)
+            fields = self._init.request(b"X", exec_request(script, timeout, limit, env), start + timeout + 30.0)
         except TimeoutError:
             self._stop_init()
             raise SandboxError(f"sandbox {self.id}: its init process did not answer within {timeout + 30:g}s") from None
-        if response is None:
+        except ServerError as exc:
+            self._stop_init()
+            raise SandboxError(f"sandbox {self.id}: {exc}") from None
+        if fields is None:
             errors = self._init.errors()
             self._stop_init()
             if self._closing:
@@ -204,12 +211,7 @@ class LocalSandbox(ClosesItself):
                 raise SandboxError(f"bubblewrap could not start the sandbox: {errors[:500]}")
             raise SandboxError(f"sandbox {self.id}: its init process died: {errors[:500] or 'no message'}")
         self._init_started = True
-        if "error" in response:
-            self._stop_init()
-            raise SandboxError(f"sandbox {self.id}: {response.get('message', response['error'])}")
-        return ExecResult(exit_code=response["exit_code"], output=response["output"], timed_out=response["timed_out"],
-                          duration=response["duration"], truncated=response["truncated"],
-                          cpu_seconds=response["cpu_seconds"])
+        return exec_result(fields, limit)
 
     def _exec_plain(self, command: str, timeout: float, cwd: str, env: dict[str, str] | None,
                     limit: int) -> ExecResult:

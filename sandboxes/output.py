@@ -33,6 +33,10 @@ class CappedOutput:
             if len(self._tail) > self._tail_limit:
                 del self._tail[: len(self._tail) - self._tail_limit]
 
+    def parts(self) -> tuple[bytes, bytes]:
+        """The head and the tail kept, as bytes (what a command server sends back)."""
+        return bytes(self._head), bytes(self._tail)
+
     @property
     def truncated(self) -> bool:
         return self.total > len(self._head) + len(self._tail)

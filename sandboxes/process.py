@@ -148,6 +148,7 @@ def run_capped(
     pass_fds: Sequence[int] = (),
     user: int | None = None,
     watchdog: Watchdog | None = None,
+    capture: CappedOutput | None = None,
 ) -> ExecResult:
     """Run ``argv`` and return its :class:`ExecResult`.
 
@@ -155,10 +156,11 @@ def run_capped(
     timeout and again once the main process has exited, to remove background leftovers. ``user``
     runs it as that uid (and gid), with no supplementary groups. When ``watchdog`` returns a
     reason, the tree is killed and the command ends with that reason in its output and a non-zero
-    exit code (not a timeout).
+    exit code (not a timeout). ``capture``, when given, receives the output (its head and tail
+    apart, for a caller that passes them on) instead of a new one of ``output_limit``.
     """
     start = time.monotonic()
-    out = CappedOutput(output_limit)
+    out = capture if capture is not None else CappedOutput(output_limit)
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,

@@ -1,13 +1,15 @@
-"""The first process of a local sandbox: pid 1 of its namespaces, it runs each command it is sent.
+"""The first process of a local sandbox where no C compiler built ``sandbox_init.c``: pid 1 of its
+namespaces, it runs each command it is sent, as the C init does (about 8.5 MiB idle against its
+100 KiB: init_process.py chooses).
 
 Started once per sandbox (and again after a reset) inside bubblewrap, with the sandbox's
 namespaces, mounts, cgroups and rlimits already in place, so a command costs one process spawn
 instead of building all of those again (about 10 ms on 2 cores). Standard library only: the
 host's modules it reuses are mounted next to it as the package ``pgrt`` (the same capped,
-hang-free process runner the plain fallback uses). The docker backend's counterpart is the C
-server ``docker/server.c``, pid 1 of its container, which ends commands the same way.
+hang-free process runner the plain fallback uses).
 
-Requests and answers are JSON lines on stdin and stdout. Nothing a command starts survives it: as
+Requests and answers are the command servers' binary messages (``wire.py``): ``X`` (script,
+timeout, output limit, environment) and ``P``, as the C init. Nothing a command starts survives it: as
 pid 1 of the sandbox's pid namespace, this process ends every command with ``kill(-1, SIGKILL)``,
 which reaches every other process of the namespace at once (a fork racing with it is aborted by
 the kernel) and never itself, then reaps them all. Commands cannot signal or trace it: init of a
@@ -17,10 +19,8 @@ pid namespace ignores signals it has no handler for, and it makes itself non-dum
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import resource
-import shlex
 import shutil
 import signal
 import subprocess
@@ -30,7 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from pgrt.output import CappedOutput  # noqa: E402
 from pgrt.process import ProcessLimitWatch, is_dead_or_exiting, run_capped  # noqa: E402
+from pgrt.wire import ERROR, OK, decode, encode  # noqa: E402
 
 PR_SET_DUMPABLE = 4
 BASH = shutil.which("bash") or "bash"  # looked up once: a PATH search costs every command failed execs
@@ -83,22 +85,26 @@ def clear_ipc() -> None:
                 return
 
 
-def handle(request: dict) -> dict:
-    if request.get("op") == "ping":
-        return {"pid": os.getpid()}
-    script = f"cd -- {shlex.quote(request['cwd'])} || exit 1\n{request['command']}"
+def handle(op: bytes, fields: list[bytes]) -> tuple[bytes, ...]:
+    """The answer's fields to one request; ValueError for a malformed one."""
+    if op == b"P" and not fields:
+        return (str(os.getpid()).encode(),)
+    if op != b"X" or len(fields) != 4:
+        raise ValueError(f"malformed request (op {op!r}, {len(fields)} fields)")
+    script, timeout, limit, environment = fields
     env = dict(os.environ)
-    env.update(request.get("env") or {})
+    env.update(entry.split("=", 1) for entry in os.fsdecode(environment).split("\0") if "=" in entry)
     watch = ProcessLimitWatch(Path(PIDS_CGROUP)) if PIDS_CGROUP else None
     before = _children_cpu()
-    result = run_capped([BASH, "-c", script], timeout=float(request["timeout"]), output_limit=int(request["limit"]),
-                        cwd="/", env=env, kill_tree=end_strays, watchdog=watch)
+    output = CappedOutput(int(limit))
+    result = run_capped([BASH, "-c", os.fsdecode(script)], timeout=float(timeout), output_limit=int(limit), cwd="/",
+                        env=env, kill_tree=end_strays, watchdog=watch, capture=output)
     if not reap_all():
-        return {"error": "survivors", "message": "processes of the command could not be killed"}
+        raise RuntimeError("processes of the command could not be killed")
     clear_ipc()
-    return {"exit_code": result.exit_code, "output": result.output, "timed_out": result.timed_out,
-            "duration": result.duration, "truncated": result.truncated,
-            "cpu_seconds": round(_children_cpu() - before, 6)}
+    head, tail = output.parts()
+    return (str(result.exit_code).encode(), b"1" if result.timed_out else b"0", f"{result.duration:.6f}".encode(),
+            str(output.total).encode(), f"{_children_cpu() - before:.6f}".encode(), head, tail)
 
 
 def _children_cpu() -> float:
@@ -110,15 +116,17 @@ def _children_cpu() -> float:
 
 def main() -> None:
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    out = sys.stdout.buffer
-    out.write(json.dumps({"ready": True, "pid": os.getpid()}).encode() + b"\n")
+    stdin, out = sys.stdin.buffer, sys.stdout.buffer
+    out.write(encode(OK, b"ready", str(os.getpid()).encode()))
     out.flush()
-    for line in sys.stdin.buffer:
+    while len(head := stdin.read(4)) == 4:
+        body = stdin.read(int.from_bytes(head, "big"))
         try:
-            response = handle(json.loads(line))
+            op, fields = decode(body)
+            answer = encode(OK, *handle(op, fields))
         except Exception as exc:  # reported to the host, never fatal to the sandbox
-            response = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
-        out.write(json.dumps(response).encode() + b"\n")
+            answer = encode(ERROR, b"internal", f"{type(exc).__name__}: {exc}".encode())
+        out.write(answer)
         out.flush()
 
 

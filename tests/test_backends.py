@@ -11,6 +11,17 @@ from patchgym.sandboxes import PathOutsideWorkspaceError, SandboxClosedError
 from patchgym.tasks.backends import make_sandbox, sandbox_factory
 
 
+@pytest.fixture(params=["local", "local-python-init", "docker"])
+def backend(request, monkeypatch) -> str:
+    """Every backend, and the local one with the Python init it falls back to without a C compiler."""
+    if request.param == "docker":
+        request.getfixturevalue("docker_base")
+        return "docker"
+    if request.param == "local-python-init":
+        monkeypatch.setenv("PATCHGYM_PYTHON_INIT", "1")
+    return "local"
+
+
 @pytest.fixture
 def sandbox(backend, calc_task):
     sb = make_sandbox(calc_task, backend)

@@ -1,12 +1,8 @@
 """Talking to a sandbox's command server (``server.c``) over the container's attached stdin/stdout.
 
 One hijacked HTTP connection to the engine per sandbox, opened before the container starts: no
-``docker exec``, no CLI process, no thread. Requests and answers are length-prefixed binary
-messages (no JSON, no base64: command output and file contents go through as bytes):
-
-    request  = u32 size, op (1 byte), fields
-    answer   = u32 size, status (b"0" ok, b"E" error: fields kind, message), fields
-    field    = u32 size, bytes            (u32: big-endian)
+``docker exec``, no CLI process, no thread. Requests and answers are the command servers'
+length-prefixed binary messages (:mod:`patchgym.sandboxes.wire`).
 
 The engine multiplexes the container's stdout and stderr on the connection in frames (an 8-byte
 header: the stream, then the payload length); stdout carries the answers, stderr is kept for
@@ -21,37 +17,7 @@ import socket
 import time
 
 from patchgym.sandboxes.base import SandboxError
-
-OK, ERROR = b"0", b"E"
-
-
-class ServerError(Exception):
-    """An error the command server answered with: ``kind`` (outside, notfound, notregular,
-    workspace, internal) and its message."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def encode_request(op: bytes, *fields: bytes) -> bytes:
-    body = bytearray(op)
-    for field in fields:
-        body += len(field).to_bytes(4, "big")
-        body += field
-    return len(body).to_bytes(4, "big") + bytes(body)
-
-
-def decode_answer(body: bytes) -> tuple[bytes, list[bytes]]:
-    """The status and fields of an answer's body (after its size)."""
-    status, fields, at = body[:1], [], 1
-    while at < len(body):
-        size = int.from_bytes(body[at:at + 4], "big")
-        fields.append(body[at + 4:at + 4 + size])
-        at += 4 + size
-    if at != len(body) or status not in (OK, ERROR):
-        raise SandboxError("the container's command server sent a malformed answer")
-    return status, fields
+from patchgym.sandboxes.wire import MalformedAnswer, answer_fields, encode
 
 
 def attach(api, container_id: str) -> ServerConnection:
@@ -84,9 +50,9 @@ class ServerConnection:
             raise SandboxError(f"the container's command server did not start: {fields!r}")
 
     def request(self, op: bytes, fields: tuple[bytes, ...], timeout: float) -> list[bytes]:
-        """Send one request; its answer's fields, or :class:`ServerError`."""
+        """Send one request; its answer's fields, or :class:`~patchgym.sandboxes.wire.ServerError`."""
         try:
-            self._sock.sendall(encode_request(op, *fields))
+            self._sock.sendall(encode(op, *fields))
         except OSError as exc:
             raise SandboxError(f"lost the container's command server: {exc}") from None
         return self._answer(time.monotonic() + timeout, "the container's command server stopped answering")
@@ -101,11 +67,10 @@ class ServerConnection:
 
     def _answer(self, deadline: float, late: str) -> list[bytes]:
         size = int.from_bytes(self._read(4, deadline, late), "big")
-        status, fields = decode_answer(self._read(size, deadline, late))
-        if status == ERROR:
-            kind, message = (f.decode(errors="replace") for f in (fields + [b"", b""])[:2])
-            raise ServerError(kind, message)
-        return fields
+        try:
+            return answer_fields(self._read(size, deadline, late))
+        except MalformedAnswer:
+            raise SandboxError("the container's command server sent a malformed answer") from None
 
     def _read(self, n: int, deadline: float, late: str) -> bytes:
         """``n`` bytes of the server's stdout (stderr frames set aside)."""

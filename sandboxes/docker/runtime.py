@@ -47,6 +47,7 @@ _volumes_lock = threading.Lock()
 def _sources() -> dict[str, bytes]:
     """The runtime's files by their path in the build context."""
     files = {"server.c": (_HERE / "server.c").read_bytes(),
+             "command_server.h": (_HERE.parent / "command_server.h").read_bytes(),
              "rt/diff_helper.py": (_HERE / "diff_helper.py").read_bytes(), "rt/pgrt/__init__.py": b""}
     for name in PGRT_MODULES:
         files[f"rt/pgrt/{name}"] = (_HERE.parent / name).read_bytes()

@@ -28,12 +28,12 @@ from patchgym.sandboxes.base import (
     SandboxUsage,
     WorkspaceError,
 )
-from patchgym.sandboxes.docker.connection import ServerError
 from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, start_container
 from patchgym.sandboxes.docker.pool import WarmPool
 from patchgym.sandboxes.docker.retire import retirements
 from patchgym.sandboxes.gitops import DIFF_LIMIT
-from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT, CappedOutput
+from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT
+from patchgym.sandboxes.wire import ServerError, exec_request, exec_result
 
 GRACE = 30.0  # beyond a command's own timeout before the server counts as hung
 # (repo, commit, environment, release) -> instance image tag: resolving it asks the engine about
@@ -92,24 +92,15 @@ class DockerSandbox(ClosesItself):
         # command instead of the server's spawn.
         script = f"cd -- {shlex.quote(run_cwd)} || exit 1\n{command}"
         limit = output_limit or DEFAULT_OUTPUT_LIMIT
-        entries = [f"{key}={value}" for key, value in (env or {}).items()]
-        if any("\0" in entry for entry in entries):
-            raise ValueError("embedded null byte in the command's environment")
-        environment = b"".join(_encode(entry) + b"\0" for entry in entries)
-        code, timed_out, duration, total, cpu, head, tail = self._request(
-            b"X", (_encode(script), repr(float(timeout)).encode(), str(limit).encode(), environment), timeout + GRACE)
-        output = CappedOutput(limit)
-        output.feed(head)
-        output.feed(tail)
-        output.total = int(total)  # the head and the tail the server kept, of this many bytes
-        return ExecResult(exit_code=int(code), output=output.text(), timed_out=timed_out == b"1",
-                          duration=float(duration), truncated=output.truncated, cpu_seconds=float(cpu))
+        fields = self._request(b"X", exec_request(script, timeout, limit, env), timeout + GRACE)
+        return exec_result(fields, limit)
 
     def read_file(self, path: str) -> bytes:
-        return self._request(b"R", (_encode(path),), 120)[0]
+        return self._request(b"R", (path.encode("utf-8", "surrogateescape"),), 120)[0]
 
     def write_file(self, path: str, data: bytes | str) -> None:
-        self._request(b"W", (_encode(path), data.encode() if isinstance(data, str) else data), 120)
+        self._request(b"W", (path.encode("utf-8", "surrogateescape"), data.encode() if isinstance(data, str) else data),
+                      120)
 
     def diff(self) -> str:
         answer = json.loads(self._request(b"D", (str(DIFF_LIMIT).encode(),), 600)[0])
@@ -160,6 +151,3 @@ class DockerSandbox(ClosesItself):
             return WorkspaceError(message)
         return SandboxError(f"sandbox {self.id}: {message}")
 
-
-def _encode(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
