@@ -56,7 +56,8 @@ def print_results(results: dict[str, object], json_path: Path | None) -> None:
 def bare_pytest(task, sandbox) -> callable:
     """A host checkout with gold + test patch applied, and a function running the tests in it."""
     work = Path(tempfile.mkdtemp(prefix="pg-bench-"))
-    shutil.copytree(sandbox.workspace, work / "repo", symlinks=True)
+    # the sandbox's pristine checkout (its own workspace is mounted in its namespace only)
+    shutil.copytree(sandbox._template, work / "repo", symlinks=True)
     repo = work / "repo"
     for patch in (task.patch, task.test_patch):
         subprocess.run(["git", "apply", "-"], input=patch, text=True, cwd=repo, check=True)

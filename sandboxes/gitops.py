@@ -106,12 +106,19 @@ class Pristine:
                 pass
 
 
-def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int = DIFF_LIMIT) -> str:
+def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int = DIFF_LIMIT, *,
+                   mounted_for: int | None = None) -> str:
     """The workspace's change against the base commit as a git diff (binary patches included).
 
-    Raises :class:`WorkspaceError` when the workspace cannot be expressed as a patch of at most
-    ``limit`` bytes, :class:`SandboxError` when git itself fails on what the harness gave it.
+    ``mounted_for``: the pid of a process in whose mount namespace (not this process's) the
+    workspace is mounted at ``workspace``: the tree is read through ``/proc/<pid>/root``, and git,
+    which must see it at its own path, runs in that namespace. Raises :class:`WorkspaceError` when
+    the workspace cannot be expressed as a patch of at most ``limit`` bytes, :class:`SandboxError`
+    when git itself fails on what the harness gave it.
     """
+    work_tree = workspace
+    if mounted_for is not None:
+        workspace = Path(f"/proc/{mounted_for}/root") / workspace.relative_to("/")
     files, special = _walk(workspace, pristine)
     for path in special:
         if os.path.basename(path) == b".gitignore":
@@ -132,7 +139,8 @@ def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, li
     if not changed and not new and len(keep) == len(pristine.entries):
         return ""  # the hot path of an untouched workspace: a walk and no git at all
     try:
-        return _diff_changes(workspace, pristine, scratch_parent, limit, files, keep, changed, new)
+        return _diff_changes(workspace, pristine, scratch_parent, limit, files, keep, changed, new,
+                             (work_tree, mounted_for))
     except GitFailed as exc:
         if not _git_sound(pristine, scratch_parent):
             raise SandboxError(str(exc)) from None
@@ -142,12 +150,13 @@ def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, li
 
 def _diff_changes(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int,
                   files: dict[bytes, os.stat_result], keep: list[tuple[bytes, bytes, bytes]],
-                  changed: list[bytes], new: list[bytes]) -> str:
-    """The diff of a workspace with ``changed`` and ``new`` files (the rest kept as ``keep``)."""
+                  changed: list[bytes], new: list[bytes], work_tree: tuple[Path, int | None]) -> str:
+    """The diff of a workspace with ``changed`` and ``new`` files (the rest kept as ``keep``);
+    ``work_tree``: where git sees it, and in whose mount namespace (see :func:`workspace_diff`)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-diff-", dir=scratch_parent))  # the reaper's naming
     try:
         git_dir = _scratch_git_dir(scratch, pristine.git_dir)
-        changed += _not_ignored(new, workspace, git_dir)
+        changed += _not_ignored(new, *work_tree, git_dir)
         if len(changed) > MAX_CHANGED_FILES:
             raise WorkspaceError(f"the workspace diff has more than {MAX_CHANGED_FILES} new and changed files "
                                  f"({len(changed)})")
@@ -226,12 +235,12 @@ def _walk(workspace: Path, pristine: Pristine) -> tuple[dict[bytes, os.stat_resu
     return files, special
 
 
-def _not_ignored(paths: list[bytes], workspace: Path, git_dir: Path) -> list[bytes]:
+def _not_ignored(paths: list[bytes], workspace: Path, mounted_for: int | None, git_dir: Path) -> list[bytes]:
     """``paths`` less those the repository's ignore rules (``.gitignore``, info/exclude) exclude."""
     if not paths:
         return []
     out = _git(["check-ignore", "--no-index", "-z", "--stdin"], git_dir=git_dir, index=git_dir / "no-index",
-               work_tree=workspace, stdin=b"\0".join(paths) + b"\0", ok_codes=(0, 1))
+               work_tree=workspace, stdin=b"\0".join(paths) + b"\0", ok_codes=(0, 1), mounted_for=mounted_for)
     ignored = set(out.split(b"\0"))
     return [p for p in paths if p not in ignored]
 
@@ -331,17 +340,21 @@ def _scratch_git_dir(scratch: Path, pristine_git: Path) -> Path:
 
 
 def _git(args: list[str], *, git_dir: Path, index: Path, work_tree: Path | None = None, stdin: bytes = b"",
-         ok_codes: tuple[int, ...] = (0,), limit: int | None = None) -> bytes:
-    """Run git with no configuration but ours, on ``git_dir``; its stdout (at most ``limit`` bytes)."""
+         ok_codes: tuple[int, ...] = (0,), limit: int | None = None, mounted_for: int | None = None) -> bytes:
+    """Run git with no configuration but ours, on ``git_dir``; its stdout (at most ``limit`` bytes);
+    with ``mounted_for``, in that process's mount namespace (where ``work_tree`` is mounted)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_DIR": str(git_dir), "GIT_INDEX_FILE": str(index),
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1",
            "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "HOME": str(git_dir), "LC_ALL": "C"}
     if work_tree is not None:
         env["GIT_WORK_TREE"] = str(work_tree)
     # Pipes, not temporary files: in a container the default temporary directory is the agent's.
+    argv, cwd = ["git", *SAFE_CONFIG, *args], work_tree or git_dir
+    if mounted_for is not None:
+        argv = ["nsenter", f"--mount=/proc/{mounted_for}/ns/mnt", f"--wd={cwd}", "--", *argv]
+        cwd = git_dir  # a path of this namespace too (the same file system, no mount of its own)
     try:
-        proc = subprocess.run(["git", *SAFE_CONFIG, *args], input=stdin, capture_output=True, env=env,
-                              cwd=work_tree or git_dir, timeout=GIT_TIMEOUT)
+        proc = subprocess.run(argv, input=stdin, capture_output=True, env=env, cwd=cwd, timeout=GIT_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise SandboxError(f"git {args[0]} timed out after {GIT_TIMEOUT:.0f}s") from None
     if proc.returncode not in ok_codes:

@@ -4,9 +4,14 @@ Each sandbox owns a directory with the workspace and its own ``/tmp``. As root i
 bounded by ``disk_bytes``/``disk_files``, and the workspace an overlay of the shared pristine
 checkout (see ``mounts.py``); elsewhere the workspace is a copy and the disk is not bounded (a
 warning says so). Commands run in the sandbox's namespaces (no network, read-only host, private
-/tmp) inside its cgroups: one init process per sandbox (``sandbox_init.py``, pid 1 of those
+/tmp) inside its cgroups: one init process per sandbox (``sandbox_init.c``, pid 1 of those
 namespaces, started by ``init_process.py``) runs each command and kills whatever it left, so a
 command costs one process spawn; reset and close kill the init, and its namespace with it.
+With namespaces, the tmpfs and the overlay exist only in the sandbox's own mount namespace (the
+host's mount table stays the same size however many sandboxes run): the init reads and writes
+files for the host, the diff reads the tree through ``/proc/<pid>/root``, and the workspace lives
+as long as the init: a reset starts both afresh, and an init that dies takes the agent's work with
+it (an infrastructure error from then on, until a reset).
 Without bubblewrap the same commands run as plain processes, with a warning: that mode bounds
 resources and cleans up, but it does not contain hostile code.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import posixpath
 import shlex
 import shutil
 import signal
@@ -28,6 +34,7 @@ from pathlib import Path
 from patchgym.sandboxes.base import (
     ClosesItself,
     ExecResult,
+    PathOutsideWorkspaceError,
     ResourceLimits,
     SandboxClosedError,
     SandboxError,
@@ -48,13 +55,20 @@ from patchgym.sandboxes.install_inputs import install_inputs_digest, shareable_i
 from patchgym.sandboxes.isolation import SANDBOX_WORKDIR, Mounts, bwrap_argv, bwrap_path, bwrap_prefix, with_command
 from patchgym.sandboxes.lifetime import parent_checked
 from patchgym.sandboxes.limits import LAUNCH_FAILED, ProcessGroup, launcher
-from patchgym.sandboxes.mounts import mount_overlay, mount_tmpfs, quota_unavailable_reason, remove_tree, unmount_all
+from patchgym.sandboxes.mounts import (
+    mount_overlay,
+    mount_tmpfs,
+    private_mounts_prefix,
+    quota_unavailable_reason,
+    remove_tree,
+    unmount_all,
+)
 from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT
 from patchgym.sandboxes.paths import cache_dir
 from patchgym.sandboxes.process import ProcessLimitWatch, run_capped
 from patchgym.sandboxes.reaper import owned_name
 from patchgym.sandboxes.repos import copy_checkout, git, pristine_checkout
-from patchgym.sandboxes.wire import ServerError, exec_request, exec_result
+from patchgym.sandboxes.wire import ServerError, exec_request, exec_result, server_error
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +142,8 @@ class LocalSandbox(ClosesItself):
         self._init: InitProcess | None = None
         self._init_started = False  # the init process has answered once (bubblewrap worked)
         self._closing = False
+        self._mounts_prefix: list[str] | None = None  # the workspace's mounts, made in the sandbox's namespace
+        self._lost: str | None = None  # why the workspace is gone (its namespace died), until a reset
         try:
             self._template = pristine_checkout(spec.repo, spec.base_commit)
             self._pristine = _pristine(self._template)
@@ -140,6 +156,9 @@ class LocalSandbox(ClosesItself):
             self._hidden = [Path(p) for p in spec.hidden_paths] + list(self.env.masked) + [
                 cache_dir("checkouts"), cache_dir("mirrors"), cache_dir("sandboxes")]
             self._group = ProcessGroup(self.limits)
+            if self.isolated and self.disk_bounded:
+                self._mounts_prefix = private_mounts_prefix(self.root, self._template, self.limits.disk_bytes,
+                                                            self.limits.disk_files)
             if self.isolated:
                 init = init_command()
                 pids_cgroup = self._group.dirs.get("pids")  # read by the init's fork-bomb watchdog
@@ -182,9 +201,9 @@ class LocalSandbox(ClosesItself):
 
     def _exec_in_init(self, command: str, timeout: float, cwd: str, env: dict[str, str] | None,
                       limit: int) -> ExecResult:
-        """Run ``command`` through the sandbox's init process (started again if it is gone)."""
-        if self._init is None:
-            self._start_init()
+        """Run ``command`` through the sandbox's init process (started again if it is gone and the
+        workspace is not in its namespace)."""
+        self._ensure_init()
         assert self._init is not None
         start = time.monotonic()
         # The shell enters the working directory, so that one the agent made unreadable fails the
@@ -194,14 +213,14 @@ class LocalSandbox(ClosesItself):
             # The init enforces the timeout itself; the margin covers killing what the command left.
             fields = self._init.request(b"X", exec_request(script, timeout, limit, env), start + timeout + 30.0)
         except TimeoutError:
-            self._stop_init()
+            self._init_lost(f"its init process did not answer within {timeout + 30:g}s")
             raise SandboxError(f"sandbox {self.id}: its init process did not answer within {timeout + 30:g}s") from None
         except ServerError as exc:
-            self._stop_init()
+            self._init_lost(str(exc))
             raise SandboxError(f"sandbox {self.id}: {exc}") from None
         if fields is None:
             errors = self._init.errors()
-            self._stop_init()
+            self._init_lost(f"its init process died: {errors[:500] or 'no message'}")
             if self._closing:
                 raise SandboxClosedError(f"sandbox {self.id} was closed while the command ran")
             if self._group is not None and (self._group.oom_kills() or 0) > self._oom_kills_at_start:
@@ -234,8 +253,8 @@ class LocalSandbox(ClosesItself):
             return
         env = self._command_env(None)
         # --as-pid-1: the init is pid 1 of the namespace, so every orphan is its own to kill and reap.
-        argv = launcher(self.limits, self._group) + with_command(self._bwrap_prefix + ["--as-pid-1"], env,
-                                                                 self._init_argv, "/")
+        argv = launcher(self.limits, self._group) + (self._mounts_prefix or []) + with_command(
+            self._bwrap_prefix + ["--as-pid-1"], env, self._init_argv, "/")
         self._init_started = False
         # An init that dies mid-command was killed for the memory limit if this count grew since.
         self._oom_kills_at_start = (self._group.oom_kills() if self._group is not None else None) or 0
@@ -252,11 +271,43 @@ class LocalSandbox(ClosesItself):
         return self._group.live_pids() - (self._init.pids() if self._init is not None else set())
 
     def _stop_init(self) -> None:
-        """Kill the init process: the kernel ends every process of its namespace with it."""
+        """Kill the init process: the kernel ends every process of its namespace with it (and the
+        workspace's mounts, where they are in its mount namespace)."""
         init, self._init = self._init, None
         if init is not None:
             init.kill()
             init.close()
+
+    def _init_lost(self, why: str) -> None:
+        """The init is gone or unusable: stop it, and where the workspace lived in its namespace,
+        remember that it is lost (the agent's work cannot be read back)."""
+        self._stop_init()
+        if self._mounts_prefix is not None and not self._closing:
+            self._lost = why
+
+    def _ensure_init(self) -> None:
+        if self._lost is not None:
+            raise SandboxError(f"sandbox {self.id} lost its workspace ({self._lost}); reset() makes a new one")
+        if self._init is None:
+            self._start_init()
+
+    def _init_request(self, op: bytes, fields: tuple[bytes, ...], timeout: float) -> list[bytes]:
+        """A file request to the init (the workspace is in its namespace)."""
+        self._ensure_init()
+        assert self._init is not None
+        try:
+            answer = self._init.request(op, fields, time.monotonic() + timeout)
+        except ServerError as exc:
+            raise server_error(exc.kind, f"sandbox {self.id}: {exc}") from None
+        except TimeoutError:
+            self._init_lost(f"its init process did not answer within {timeout:g}s")
+            raise SandboxError(f"sandbox {self.id}: its init process did not answer within {timeout:g}s") from None
+        if answer is None:
+            errors = self._init.errors()
+            self._init_lost(f"its init process died: {errors[:500] or 'no message'}")
+            raise SandboxError(f"sandbox {self.id}: its init process died: {errors[:500] or 'no message'}")
+        self._init_started = True
+        return answer
 
     def usage(self) -> SandboxUsage:
         """CPU and peak memory of everything the sandbox ran so far (its cgroups; nothing measured
@@ -269,18 +320,27 @@ class LocalSandbox(ClosesItself):
     def read_file(self, path: str) -> bytes:
         with self._lock:
             self._check_open()
+            if self._mounts_prefix is not None:
+                return self._init_request(b"R", (path.encode("utf-8", "surrogateescape"),), 120.0)[0]
             return read_regular(self.workspace, path, (SANDBOX_WORKDIR,))
 
     def write_file(self, path: str, data: bytes | str) -> None:
+        data = data.encode() if isinstance(data, str) else data
         with self._lock:
             self._check_open()
-            write_regular(self.workspace, path, data.encode() if isinstance(data, str) else data,
-                          (SANDBOX_WORKDIR,))
+            if self._mounts_prefix is not None:
+                self._init_request(b"W", (path.encode("utf-8", "surrogateescape"), data), 120.0)
+                return
+            write_regular(self.workspace, path, data, (SANDBOX_WORKDIR,))
 
     def diff(self) -> str:
         with self._lock:
             self._check_open()
-            return workspace_diff(self.workspace, self._pristine, cache_dir("builds"))
+            if self._mounts_prefix is None:
+                return workspace_diff(self.workspace, self._pristine, cache_dir("builds"))
+            self._init_request(b"P", (), 60.0)  # its mounts exist once it answers
+            assert self._init is not None  # bubblewrap's process: in the namespace with the mounts
+            return workspace_diff(self.workspace, self._pristine, cache_dir("builds"), mounted_for=self._init.pid)
 
     def reset(self) -> None:
         with self._lock:
@@ -289,9 +349,11 @@ class LocalSandbox(ClosesItself):
                 self._stop_init()  # its namespace dies with it: nothing there can touch the new workspace
             else:
                 self._kill_tree(None)
-            self._clear()
-            self._fill()
-            self._start_init()
+            if self._mounts_prefix is None:
+                self._clear()
+                self._fill()
+            self._lost = None
+            self._start_init()  # where the workspace is in its namespace, a pristine one with it
 
     def close(self) -> None:
         if not self._closed and self._group is not None and self._group.active:
@@ -310,7 +372,10 @@ class LocalSandbox(ClosesItself):
 
     def _fill(self) -> None:
         """Lay out a pristine workspace and an empty /tmp: on a fresh bounded tmpfs, the checkout
-        under an overlay; else a copy (whose lstat the diff then takes as pristine)."""
+        under an overlay; else a copy (whose lstat the diff then takes as pristine). Where the init
+        mounts them in its own namespace, nothing is made here."""
+        if self._mounts_prefix is not None:
+            return
         if self.disk_bounded:
             try:
                 mount_tmpfs(self.root, self.limits.disk_bytes, self.limits.disk_files)
@@ -397,6 +462,11 @@ class LocalSandbox(ClosesItself):
 
     def _sandbox_path(self, path: str) -> str:
         """Map a user path to the path commands see, refusing anything outside the workspace."""
+        if self._mounts_prefix is not None:  # the tree is in the sandbox's namespace: by the path alone, as docker
+            inside = posixpath.normpath(posixpath.join(SANDBOX_WORKDIR, path))
+            if inside != SANDBOX_WORKDIR and not inside.startswith(SANDBOX_WORKDIR + "/"):
+                raise PathOutsideWorkspaceError(f"{path} is outside the workspace {SANDBOX_WORKDIR}")
+            return inside
         host = resolve_in_workspace(self.workspace, path, (SANDBOX_WORKDIR,))
         rel = host.relative_to(self.workspace.resolve())
         return str(Path(self.workdir) / rel) if str(rel) != "." else self.workdir

@@ -10,6 +10,12 @@ Writes past the quota fail inside the sandbox with ENOSPC.
 Mounting needs root (CAP_SYS_ADMIN) and overlayfs; elsewhere the caller falls back to a plain copy,
 whose disk use is not bounded. Mounts outlive a killed process, so :func:`remove_tree` (used by
 ``close()`` and by the reaper) unmounts before deleting, and never deletes across a mount.
+
+Where sandboxes run in namespaces, the two mounts are made in a mount namespace of the sandbox's
+own (:func:`private_mounts_prefix`), not the host's: every mount on the host is copied into every
+new namespace and read through ``/proc/self/mountinfo`` by bubblewrap, which made a sandbox's start
+cost grow with the number of sandboxes (about 0.2 ms per host mount: +400 ms at 1,024 sandboxes).
+There they vanish with the namespace, when its last process ends: nothing to unmount at close.
 """
 
 from __future__ import annotations
@@ -46,12 +52,46 @@ def mount_tmpfs(target: Path, size: int, inodes: int) -> None:
 
 def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     """Mount ``lower`` (never written) with ``upper`` on top at ``target``."""
+    options = _overlay_options(lower, upper, work).encode()
+    _check(_libc.mount(b"overlay", os.fsencode(target), b"overlay", MS_NOSUID | MS_NODEV, options),
+           f"mount overlay on {target}")
+
+
+def _overlay_options(lower: Path, upper: Path, work: Path) -> str:
     paths = [str(p) for p in (lower, upper, work)]
     if any(c in p for p in paths for c in UNSAFE_IN_OPTIONS):
         raise OSError(f"cannot name {paths} in overlayfs options")
-    options = f"lowerdir={paths[0]},upperdir={paths[1]},workdir={paths[2]}".encode()
-    _check(_libc.mount(b"overlay", os.fsencode(target), b"overlay", MS_NOSUID | MS_NODEV, options),
-           f"mount overlay on {target}")
+    return f"lowerdir={paths[0]},upperdir={paths[1]},workdir={paths[2]}"
+
+
+# $1 size, $2 inodes, $3 root, $4 the overlay's options, then the command: run by unshare(1) in a
+# new mount namespace whose mounts propagate nowhere.
+_PRIVATE_MOUNTS = (
+    'set -e; size=$1 inodes=$2 root=$3 options=$4; shift 4; '
+    'mount -t tmpfs -o "size=$size,nr_inodes=$inodes,mode=0755,nosuid,nodev" tmpfs "$root"; '
+    'mkdir "$root/upper" "$root/work" "$root/testbed" "$root/tmp"; chmod 1777 "$root/tmp"; '
+    'mount -t overlay -o "$options,nosuid,nodev" overlay "$root/testbed"; exec "$@"'
+)
+
+
+@lru_cache(maxsize=1)
+def _private_mount_tools() -> tuple[str, str] | None:
+    """util-linux's unshare (to make the namespace) and mount; nsenter (git runs there for diffs)."""
+    unshare, mount, nsenter = shutil.which("unshare"), shutil.which("mount"), shutil.which("nsenter")
+    return (unshare, mount) if unshare and mount and nsenter else None
+
+
+def private_mounts_prefix(root: Path, lower: Path, size: int, inodes: int) -> list[str] | None:
+    """A command prefix that makes a new mount namespace (private propagation), mounts there a
+    tmpfs of ``size`` bytes and ``inodes`` files at ``root`` with ``root/tmp`` and the overlay of
+    ``lower`` at ``root/testbed``, then execs the command; None without util-linux's ``unshare``,
+    ``mount`` and ``nsenter``."""
+    tools = _private_mount_tools()
+    if tools is None:
+        return None
+    options = _overlay_options(lower, root / "upper", root / "work")
+    return [tools[0], "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _PRIVATE_MOUNTS,
+            "patchgym-mounts", str(size), str(inodes), str(root), options]
 
 
 def mounts_under(root: Path) -> list[Path]:

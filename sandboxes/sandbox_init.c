@@ -17,6 +17,10 @@
  *          every other process of the namespace is killed and reaped, and what a command could
  *          leave without a process is removed: /dev/shm's files and System V IPC objects (the
  *          namespaces outlive the command, so these would otherwise reach the next one).
+ *   read / write   R: path -> its bytes; W: path, bytes. A file of the workspace, /testbed (its
+ *          tmpfs and overlay exist only in the sandbox's mount namespace): the path must resolve
+ *          inside it (symlinks followed as os.path.realpath does, then checked), its last component
+ *          may not be a symlink, only regular files are opened (a FIFO never blocks the init).
  *   ping   P: answers with its pid.
  *
  * Commands cannot signal or trace it: init of a pid namespace ignores signals it has no handler
@@ -70,6 +74,7 @@ int main(int argc, char **argv) {
     snprintf(pids_cgroup, sizeof pids_cgroup, "%s", argc > 1 ? argv[1] : ""); /* "": no watchdog */
     find_bash();
     greet();
-    static const struct op OPS[] = {{'X', 4, do_exec_command}, {'P', 0, do_ping}, {0, 0, NULL}};
+    static const struct op OPS[] = {{'X', 4, do_exec_command}, {'R', 1, do_read}, {'W', 2, do_write},
+                                    {'P', 0, do_ping}, {0, 0, NULL}};
     return serve(OPS);
 }

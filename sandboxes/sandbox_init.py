@@ -9,7 +9,8 @@ host's modules it reuses are mounted next to it as the package ``pgrt`` (the sam
 hang-free process runner the plain fallback uses).
 
 Requests and answers are the command servers' binary messages (``wire.py``): ``X`` (script,
-timeout, output limit, environment) and ``P``, as the C init. Nothing a command starts survives it: as
+timeout, output limit, environment), ``R`` and ``W`` (a workspace file, by files.py's rules) and
+``P``, as the C init. Nothing a command starts survives it: as
 pid 1 of the sandbox's pid namespace, this process ends every command with ``kill(-1, SIGKILL)``,
 which reaches every other process of the namespace at once (a fork racing with it is aborted by
 the kernel) and never itself, then reaps them all. Commands cannot signal or trace it: init of a
@@ -30,11 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from pgrt.files import read_regular, write_regular  # noqa: E402
 from pgrt.output import CappedOutput  # noqa: E402
 from pgrt.process import ProcessLimitWatch, is_dead_or_exiting, run_capped  # noqa: E402
-from pgrt.wire import ERROR, OK, decode, encode  # noqa: E402
+from pgrt.wire import ERROR, OK, decode, encode, error_kind  # noqa: E402
 
 PR_SET_DUMPABLE = 4
+WORKSPACE = Path("/testbed")
 BASH = shutil.which("bash") or "bash"  # looked up once: a PATH search costs every command failed execs
 # The sandbox's pids cgroup (mounted read-only at its host path), for the fork-bomb watchdog.
 PIDS_CGROUP = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -89,6 +92,11 @@ def handle(op: bytes, fields: list[bytes]) -> tuple[bytes, ...]:
     """The answer's fields to one request; ValueError for a malformed one."""
     if op == b"P" and not fields:
         return (str(os.getpid()).encode(),)
+    if op == b"R" and len(fields) == 1:
+        return (read_regular(WORKSPACE, os.fsdecode(fields[0])),)
+    if op == b"W" and len(fields) == 2:
+        write_regular(WORKSPACE, os.fsdecode(fields[0]), fields[1])
+        return ()
     if op != b"X" or len(fields) != 4:
         raise ValueError(f"malformed request (op {op!r}, {len(fields)} fields)")
     script, timeout, limit, environment = fields
@@ -125,7 +133,9 @@ def main() -> None:
             op, fields = decode(body)
             answer = encode(OK, *handle(op, fields))
         except Exception as exc:  # reported to the host, never fatal to the sandbox
-            answer = encode(ERROR, b"internal", f"{type(exc).__name__}: {exc}".encode())
+            kind = error_kind(exc)
+            message = str(exc) if kind != "internal" else f"{type(exc).__name__}: {exc}"
+            answer = encode(ERROR, kind.encode(), message.encode(errors="surrogateescape"))
         out.write(answer)
         out.flush()
 

@@ -13,7 +13,7 @@ Standard library only: also copied into local sandboxes (as ``pgrt.wire``) for t
 
 from __future__ import annotations
 
-from .base import ExecResult  # relative: copied into sandboxes as the package pgrt
+from .base import ExecResult, PathOutsideWorkspaceError, SandboxError, WorkspaceError  # relative: copied as pgrt
 from .output import CappedOutput
 
 OK, ERROR = b"0", b"E"
@@ -65,6 +65,28 @@ def answer_fields(body: bytes) -> list[bytes]:
     if status != OK:
         raise MalformedAnswer("a command server sent a malformed answer")
     return fields
+
+
+def server_error(kind: str, message: str) -> Exception:
+    """The exception for an error a command server answered with."""
+    if kind == "outside":
+        return PathOutsideWorkspaceError(message)
+    if kind == "notfound":
+        return FileNotFoundError(message)
+    if kind == "notregular":
+        return IsADirectoryError(message)
+    if kind == "workspace":
+        return WorkspaceError(message)
+    return SandboxError(message)
+
+
+def error_kind(exc: BaseException) -> str:
+    """The kind a command server answers ``exc`` with (:func:`server_error`'s inverse)."""
+    for kind, types in (("outside", PathOutsideWorkspaceError), ("notfound", FileNotFoundError),
+                        ("notregular", IsADirectoryError), ("workspace", WorkspaceError)):
+        if isinstance(exc, types):
+            return kind
+    return "internal"
 
 
 def exec_request(script: str, timeout: float, limit: int, env: dict[str, str] | None) -> tuple[bytes, ...]:

@@ -23,17 +23,15 @@ from patchgym.sandboxes.base import (
     PathOutsideWorkspaceError,
     ResourceLimits,
     SandboxClosedError,
-    SandboxError,
     SandboxSpec,
     SandboxUsage,
-    WorkspaceError,
 )
 from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, start_container
 from patchgym.sandboxes.docker.pool import WarmPool
 from patchgym.sandboxes.docker.retire import retirements
 from patchgym.sandboxes.gitops import DIFF_LIMIT
 from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT
-from patchgym.sandboxes.wire import ServerError, exec_request, exec_result
+from patchgym.sandboxes.wire import ServerError, exec_request, exec_result, server_error
 
 GRACE = 30.0  # beyond a command's own timeout before the server counts as hung
 # (repo, commit, environment, release) -> instance image tag: resolving it asks the engine about
@@ -141,13 +139,4 @@ class DockerSandbox(ClosesItself):
 
     def _error(self, kind: str, message: str) -> Exception:
         """The exception for an error the command server answered with."""
-        if kind == "outside":
-            return PathOutsideWorkspaceError(message)
-        if kind == "notfound":
-            return FileNotFoundError(message)
-        if kind == "notregular":
-            return IsADirectoryError(message)
-        if kind == "workspace":
-            return WorkspaceError(message)
-        return SandboxError(f"sandbox {self.id}: {message}")
-
+        return server_error(kind, message if kind != "internal" else f"sandbox {self.id}: {message}")

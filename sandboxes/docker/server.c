@@ -37,7 +37,6 @@
 #define _GNU_SOURCE
 #include "command_server.h"
 
-#define WORKSPACE "/testbed"
 #define STATE_DIR "/var/lib/patchgym"
 #define PRISTINE STATE_DIR "/testbed"
 #define STATS_FILE STATE_DIR "/stats"
@@ -47,25 +46,8 @@
 #define DIFF_HELPER RUNTIME_DIR "/diff_helper.py"
 #define PYTHON "/usr/bin/python3"
 #define AGENT_UID 1000
-#define MAX_FILE ((1U << 31) - 4096) /* what one answer can carry */
-#define MAX_DEPTH 256     /* directories deeper than this are not copied from the pristine tree */
-#define MAX_LINKS 40      /* symlinks followed while resolving one path (the kernel's MAXSYMLINKS) */
 
 static const char *SCRATCH[] = {"/tmp", "/var/tmp", "/dev/shm", "/run/lock", NULL};
-
-static int write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 /* Commands run as uid 1000, with no supplementary groups. */
 static int become_agent(void) {
@@ -78,216 +60,6 @@ static const struct exec_config AGENT = {"/bin/bash", AGENT_ENV, become_agent, N
 
 static void do_exec_agent(const struct field *f) {
     do_exec(f, &AGENT);
-}
-
-/* An errno from opening or creating a workspace file, as the Python server classified it. */
-static void respond_errno(int err, const char *path) {
-    if (err == ENOENT)
-        respond_error("notfound", "[Errno 2] No such file or directory: '%s'", path);
-    else if (err == ELOOP)
-        respond_error("outside", "%s is a symbolic link", path);
-    else if (err == EISDIR || err == ENXIO)
-        respond_error("notregular", "%s is not a regular file", path);
-    else
-        respond_error("internal", "%s: %s", path, strerror(err));
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* workspace paths: sandboxes/files.py's rules */
-
-/* Append the components of rest to path (an absolute path, PATH_MAX bytes), resolving symlinks
- * as os.path.realpath(strict=False) does: a missing component is kept as it is and the rest is
- * appended; ".." is lexical on the path resolved so far. -1 on a symlink loop or a long path. */
-static int join_real(char *path, const char *rest, int *links) {
-    char buf[PATH_MAX];
-    if (strlen(rest) >= sizeof buf) return -1;
-    strcpy(buf, rest);
-    if (buf[0] == '/') strcpy(path, "/");
-    char *save = NULL;
-    for (char *name = strtok_r(buf, "/", &save); name; name = strtok_r(NULL, "/", &save)) {
-        if (strcmp(name, ".") == 0) continue;
-        if (strcmp(name, "..") == 0) {
-            char *slash = strrchr(path, '/');
-            if (slash == path)
-                path[1] = 0;
-            else if (slash)
-                *slash = 0;
-            continue;
-        }
-        size_t len = strlen(path);
-        if (len + 1 + strlen(name) >= PATH_MAX) return -1;
-        char saved[PATH_MAX];
-        strcpy(saved, path);
-        if (len > 1) path[len++] = '/';
-        strcpy(path + len, name);
-        struct stat st;
-        if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode)) continue;
-        if (++*links > MAX_LINKS) return -1;
-        char target[PATH_MAX];
-        ssize_t n = readlink(path, target, sizeof target - 1);
-        if (n < 0) return -1;
-        target[n] = 0;
-        strcpy(path, saved);
-        if (join_real(path, target, links) != 0) return -1;
-    }
-    return 0;
-}
-
-/* The real path of a workspace path (relative, or absolute under /testbed) into out; NULL and an
- * answer sent when it is outside. */
-static char *resolve_in_workspace(const char *given, char *out) {
-    const char *rel = given;
-    if (given[0] == '/') {
-        size_t n = strlen(WORKSPACE);
-        if (strncmp(given, WORKSPACE, n) != 0 || (given[n] != 0 && given[n] != '/')) {
-            respond_error("outside", "%s is outside the workspace", given);
-            return NULL;
-        }
-        rel = given + n;
-    }
-    while (*rel == '/') rel++;
-    strcpy(out, WORKSPACE);
-    int links = 0;
-    if (join_real(out, rel, &links) != 0) {
-        respond_error("outside", "%s: too many levels of symbolic links, or too long", given);
-        return NULL;
-    }
-    size_t n = strlen(WORKSPACE);
-    if (strncmp(out, WORKSPACE, n) != 0 || (out[n] != 0 && out[n] != '/')) {
-        respond_error("outside", "%s resolves outside the workspace", given);
-        return NULL;
-    }
-    return out;
-}
-
-static int field_string(const struct field *f, char *out, size_t size, const char *what) {
-    if (f->len >= size || memchr(f->data, 0, f->len)) {
-        respond_error("internal", "invalid %s", what);
-        return -1;
-    }
-    memcpy(out, f->data, f->len);
-    out[f->len] = 0;
-    return 0;
-}
-
-/* Open a file of the workspace as a regular file only: never through a symlink (O_NOFOLLOW), never
- * blocking on a FIFO (O_NONBLOCK). On failure the request is answered here and -1 returned. */
-static int open_regular(const char *path, int flags, struct stat *st) {
-    int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        respond_errno(errno, path);
-        return -1;
-    }
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
-        close(fd);
-        respond_error("notregular", "%s is not a regular file", path);
-        return -1;
-    }
-    return fd;
-}
-
-static void do_read(const struct field *f) {
-    char given[PATH_MAX], path[PATH_MAX];
-    if (field_string(&f[0], given, sizeof given, "path") != 0 || !resolve_in_workspace(given, path)) return;
-    struct stat st;
-    int fd = open_regular(path, O_RDONLY, &st);
-    if (fd < 0) return;
-    if (st.st_size > MAX_FILE) {
-        close(fd);
-        respond_error("internal", "%s is larger than %u bytes: too large to read through the sandbox", path, MAX_FILE);
-        return;
-    }
-    size_t size = (size_t)st.st_size, got = 0;
-    char *data = big_alloc(size);
-    if (!data) {
-        close(fd);
-        respond_error("internal", "%s: cannot allocate %zu bytes", path, size);
-        return;
-    }
-    while (got < size) {
-        ssize_t n = read(fd, data + got, size - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        got += (size_t)n;
-    }
-    close(fd);
-    struct field field = {data, (uint32_t)got};
-    respond('0', 1, &field);
-    big_free(data, size);
-}
-
-/* Give path (a file, or a tree) to the command user, symlinks included but never followed. */
-static void give_tree(int dirfd, const char *name, int depth) {
-    if (fchownat(dirfd, name, AGENT_UID, AGENT_UID, AT_SYMLINK_NOFOLLOW) != 0 || depth > MAX_DEPTH) return;
-    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return;
-    DIR *dir = fdopendir(fd);
-    if (!dir) {
-        close(fd);
-        return;
-    }
-    struct dirent *entry;
-    while ((entry = readdir(dir)))
-        if (strcmp(entry->d_name, ".") && strcmp(entry->d_name, ".."))
-            give_tree(fd, entry->d_name, depth + 1);
-    closedir(dir);
-}
-
-static void do_write(const struct field *f) {
-    char given[PATH_MAX], path[PATH_MAX], parent[PATH_MAX], check[PATH_MAX];
-    if (field_string(&f[0], given, sizeof given, "path") != 0 || !resolve_in_workspace(given, path)) return;
-    if (strcmp(path, WORKSPACE) == 0) { /* its parent is outside the workspace */
-        respond_error("outside", "%s is the workspace itself, not a file in it", given);
-        return;
-    }
-    /* the first component of the path that does not exist yet: it and all below go to uid 1000 */
-    char first_new[PATH_MAX];
-    strcpy(first_new, path);
-    for (;;) {
-        char up[PATH_MAX];
-        strcpy(up, first_new);
-        char *slash = strrchr(up, '/');
-        if (!slash || slash == up) break;
-        *slash = 0;
-        struct stat st;
-        if (stat(up, &st) == 0) break;
-        strcpy(first_new, up);
-    }
-    strcpy(parent, path);
-    *strrchr(parent, '/') = 0;
-    for (char *p = parent + 1;; p++) { /* mkdir -p */
-        if (*p != '/' && *p != 0) continue;
-        char saved = *p;
-        *p = 0;
-        struct stat st;
-        if (mkdir(parent, 0777) != 0 && errno != EEXIST) {
-            int err = errno;
-            *p = saved;
-            respond_errno(err, parent);
-            return;
-        }
-        if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            *p = saved;
-            respond_error("internal", "[Errno 17] File exists: '%s'", parent);
-            return;
-        }
-        *p = saved;
-        if (saved == 0) break;
-    }
-    if (!resolve_in_workspace(parent, check)) return; /* mkdir must not have crossed a symlink */
-    struct stat st;
-    int fd = open_regular(path, O_WRONLY | O_CREAT | O_TRUNC, &st);
-    if (fd < 0) return;
-    fcntl(fd, F_SETFL, 0);
-    if (write_all(fd, f[1].data, f[1].len) != 0) {
-        int err = errno;
-        close(fd);
-        respond_error("internal", "writing %s: %s", path, strerror(err));
-        return;
-    }
-    close(fd);
-    give_tree(AT_FDCWD, first_new, 0);
-    respond('0', 0, NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -585,6 +357,7 @@ static void on_signal_exit(int sig) {
 }
 
 static void prepare(long lifetime) {
+    workspace_owner = AGENT_UID;
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     umask(022);
     /* Free memory goes back to the kernel at once: no trim threshold, no growing mmap threshold. */
