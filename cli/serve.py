@@ -52,6 +52,14 @@ def serve(
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
+    grading_workers: Annotated[int | None, typer.Option(
+        "--grading-workers", min=0, help="Processes that grade submits and /verify, with a CPU share of their own "
+                                         "(steps stay fast while others are graded); 0: in the server's threads. "
+                                         "Default: the number of cores, at least 2.")] = None,
+    grading_cpu_share: Annotated[int, typer.Option(
+        "--grading-cpu-share", min=2, max=65536,
+        help="The grading workers' CPU weight against 1024 for the serving side, when both want the cores "
+             "(cgroups: root only).")] = 256,
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""
@@ -69,7 +77,9 @@ def serve(
     from patchgym.server.app import create_app  # lazily: the layers below know nothing of HTTP
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
-                   "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour)}
+                   "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour),
+                   "grading_workers": max(2, os.cpu_count() or 1) if grading_workers is None else grading_workers,
+                   "grading_cpu_share": grading_cpu_share}
     if backend == "ray" or ray_address:
         env_options["sandbox_options"] = backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox)
     try:

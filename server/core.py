@@ -23,6 +23,7 @@ from patchgym.gym_envs.repo_env import RepoEnv
 from patchgym.rollouts.loop import Episode, run_episode
 from patchgym.rollouts.model import ChatModel, ModelConfig
 from patchgym.sandboxes import SandboxError, reap_stale
+from patchgym.server.grading_pool import DEFAULT_CPU_SHARE, GradingPool
 from patchgym.server.sessions import (
     CLOSED_BY_CLIENT,
     CLOSED_BY_FAILURE,
@@ -126,7 +127,9 @@ class EnvService:
     ``operation_timeout``. ``env_options`` go to every ``RepoEnv``. ``seed_wait``: how long a
     session open from a client that does not retry (NeMo Gym) waits for a free slot.
     ``rollout_idle_ttl``: the idle TTL of such sessions, short, so a rollout its agent abandoned
-    does not hold a slot for long. ``env_options["prices"]`` (a :class:`Prices`) prices every
+    does not hold a slot for long. ``env_options["grading_workers"]`` (N > 0) grades in N worker
+    processes with a CPU share of their own (``grading_cpu_share``, :mod:`.grading_pool`), off the
+    serving path; 0, in this process's threads. ``env_options["prices"]`` (a :class:`Prices`) prices every
     episode's cost, in its report and in the metrics. ``model_endpoints``: the model API roots a
     client's rollout may make the server call (none: it calls none).
     """
@@ -139,10 +142,19 @@ class EnvService:
         self.env_options = dict(env_options)
         self.env_options.pop("tasks", None)
         self.env_options.pop("backend", None)
+        grading_workers = int(self.env_options.pop("grading_workers", 0) or 0)
+        grading_cpu_share = int(self.env_options.pop("grading_cpu_share", 0) or DEFAULT_CPU_SHARE)
         factory = sandbox_factory(backend, **self.env_options.get("sandbox_options", None) or {})
         self.prices = self.env_options.get("prices") or Prices()
-        self.verifier = Verifier(factory, partial_credit=bool(self.env_options.get("partial_credit", False)),
-                                 prices=self.prices)
+        partial_credit = bool(self.env_options.get("partial_credit", False))
+        self.verifier = Verifier(factory, partial_credit=partial_credit, prices=self.prices)
+        # Who grades submits, rollouts and /verify: worker processes with a CPU share of their own
+        # (grading_workers > 0), or this process's threads.
+        self.grader: Verifier | GradingPool = self.verifier
+        if grading_workers > 0:
+            self.grader = GradingPool(grading_workers, backend=backend, partial_credit=partial_credit,
+                                      sandbox_options=self.env_options.get("sandbox_options") or {},
+                                      prices=self.prices, cpu_share=grading_cpu_share)
         checked = RepoEnv(task_set, backend=backend, **self.env_options)  # a bad option fails here, not per session
         self.tools: list[dict[str, Any]] = checked.tools
         checked.close()
@@ -191,6 +203,7 @@ class EnvService:
 
         def start(session: Session) -> tuple[str, dict[str, Any]]:
             env = session.env = RepoEnv(self.task_set, backend=self.backend, **options)
+            env.verifier = self.grader
             obs, info = env.reset(seed=seed, options=_reset_options(task_id))
             session.instance_id = info.get("instance_id")
             return obs, info
@@ -280,6 +293,7 @@ class EnvService:
 
         def start(session: Session) -> None:
             session.env = RepoEnv(self.task_set, backend=self.backend, **options)
+            session.env.verifier = self.grader
             session.instance_id = task_id
 
         session, _ = await self.manager.create(owner, start, protocol=protocol)
@@ -307,7 +321,7 @@ class EnvService:
         try:
             with anyio.fail_after(self.operation_timeout):
                 report = await anyio.to_thread.run_sync(
-                    lambda: self.verifier.verify(task, patch, run_empty=True),
+                    lambda: self.grader.verify(task, patch, run_empty=True),
                     abandon_on_cancel=True, limiter=self._verify_slots)
         except TimeoutError:
             raise OperationTimeout(f"verification ran past its {self.operation_timeout:g}s deadline") from None

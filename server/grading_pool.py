@@ -1,0 +1,201 @@
+"""Grading off the serving path: a submit is graded by worker processes with a CPU share of their
+own, so that the steps of other sessions stay fast while episodes are graded.
+
+Grading is most of an episode's CPU (its test runs), and in the server's own threads it also held
+the server's interpreter lock (patch parsing, reading results). Here it runs in ``workers``
+processes (``python -m patchgym.server.grading_worker``). Where this process may make cgroups of
+the ``cpu`` controller (root, v1 ``cpu.shares`` or v2 ``cpu.weight``), two siblings split the
+cores: the server itself joins ``patchgym-serving-<pid>`` (its event loop, and the sandboxes of
+the steps, which inherit it), the workers ``patchgym-grading-<pid>``, weighted 1024 against
+``cpu_share``: when both want the cores, grading gets ``cpu_share / (1024 + cpu_share)`` of them
+(the default 256: a fifth), and all of them when the serving side idles. Both are weighted by the
+number of cores against the host's other processes, so the server is not squeezed into one
+process's share. Without such cgroups the pool still takes grading out of the server's process
+(and its interpreter lock), and a warning says so.
+
+Workers die with the server (:func:`patchgym.sandboxes.lifetime.spawn`: a death signal, and the
+sandboxes they made die with them); one that dies is replaced at the next call, which fails as an
+infrastructure error. The grading cgroup is removed when the pool closes (at exit at the latest);
+what a killed server left is removed by the next.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from patchgym.grading.cost import Prices
+from patchgym.grading.verifier import InstanceReport
+from patchgym.sandboxes.lifetime import spawn
+from patchgym.sandboxes.reaper import is_alive
+from patchgym.tasks.model import Task
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PREFIXES = ("patchgym-serving-", "patchgym-grading-")
+DEFAULT_CPU_SHARE = 256  # against the serving side's 1024: a fifth of contended cores, all of idle ones
+_returning_to: Path | None = None  # the cgroup this process leaves for the serving one
+
+
+class GradingWorkerError(RuntimeError):
+    """A grading worker died or answered nonsense (the server's failure, not the agent's)."""
+
+
+def cpu_groups(share: int) -> tuple[Path, Path] | None:
+    """New sibling cgroups of the ``cpu`` controller for this process (serving) and its grading
+    workers, weighted 1024 and ``share`` times the number of cores (v1 shares; v2 weights scaled);
+    None where they cannot be made here. This process joins the serving one."""
+    v1 = CGROUP_ROOT / "cpu"
+    base, knob, scale = (v1, "cpu.shares", 1.0) if (v1 / "cpu.shares").exists() else (
+        CGROUP_ROOT, "cpu.weight", 100 / 1024)
+    if not (base / "cgroup.procs").exists():
+        return None
+    for prefix in PREFIXES:
+        for stale in base.glob(f"{prefix}*"):  # a killed server's
+            pid = stale.name.removeprefix(prefix)
+            if pid.isdigit() and not is_alive(int(pid)):
+                _remove(stale)
+    cores = os.cpu_count() or 1
+    made = []
+    global _returning_to
+    current = _current_group(base)
+    if not current.name.startswith(PREFIXES[0]):  # a second pool of this process keeps the first's
+        _returning_to = current
+    try:
+        for prefix, weight in zip(PREFIXES, (1024, share), strict=True):
+            group = base / f"{prefix}{os.getpid()}"
+            group.mkdir(exist_ok=True)
+            made.append(group)
+            (group / knob).write_text(str(max(2, min(262144, int(weight * cores * scale)))))
+        (made[0] / "cgroup.procs").write_text(str(os.getpid()))  # with every thread
+    except OSError as exc:
+        log.warning("grading runs without a CPU share of its own (cgroups of the cpu controller: %s)", exc)
+        for group in made:
+            _remove(group)
+        return None
+    return made[0], made[1]
+
+
+def _current_group(base: Path) -> Path:
+    """This process's cgroup of the hierarchy mounted at ``base`` (v1 ``cpu``, or v2's)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (base.name == "cpu" and "cpu" in controllers.split(",")) or (base == CGROUP_ROOT and not controllers):
+            return base / path.lstrip("/")
+    return base
+
+
+def _remove(group: Path) -> None:
+    try:
+        group.rmdir()  # only an empty cgroup goes; one with live processes stays until they end
+    except OSError:
+        pass
+
+
+class _Worker:
+    """One ``grading_worker`` process: a pickled request in, a pickled answer out (both trusted:
+    this server's own child)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.proc = spawn([sys.executable, "-m", "patchgym.server.grading_worker"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE)
+        self._send(config)
+
+    def _send(self, value: Any) -> None:
+        assert self.proc.stdin is not None
+        data = pickle.dumps(value)
+        self.proc.stdin.write(len(data).to_bytes(8, "big") + data)
+        self.proc.stdin.flush()
+
+    def call(self, *request: Any) -> Any:
+        try:
+            self._send(request)
+            assert self.proc.stdout is not None
+            size = self.proc.stdout.read(8)
+            data = self.proc.stdout.read(int.from_bytes(size, "big")) if len(size) == 8 else b""
+            ok, value = pickle.loads(data)
+        except Exception as exc:  # a pipe closed by a dead worker, a short read
+            raise GradingWorkerError(f"a grading worker died (exit {self.proc.poll()}): {exc}") from None
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class GradingPool:
+    """A :class:`~patchgym.grading.verifier.Verifier` stand-in (``verify``) that grades in worker
+    processes, at most ``workers`` at once (more calls wait for a free one); thread-safe."""
+
+    def __init__(self, workers: int, *, backend: str, sandbox_options: dict[str, Any] | None = None,
+                 partial_credit: bool = False, prices: Prices | None = None,
+                 cpu_share: int = DEFAULT_CPU_SHARE) -> None:
+        if workers < 1:
+            raise ValueError("a grading pool needs at least one worker")
+        groups = cpu_groups(cpu_share)
+        self.group = groups[1] if groups else None
+        self._config = {"group": str(self.group) if self.group else None, "backend": backend,
+                        "sandbox_options": dict(sandbox_options or {}), "partial_credit": partial_credit,
+                        "prices": prices or Prices()}
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        for _ in range(workers):
+            self._add()
+        atexit.register(self.close)
+
+    def _add(self) -> None:
+        worker = _Worker(self._config)
+        with self._lock:
+            self._all.append(worker)
+        self._idle.put(worker)
+
+    def verify(self, task: Task, patch: str, *, run_empty: bool = False) -> InstanceReport:
+        """Grade ``patch`` in a worker (blocks the calling thread, not the server's cores)."""
+        worker = self._idle.get()
+        try:
+            report = worker.call(task, patch, run_empty)
+        except GradingWorkerError:
+            with self._lock:
+                self._all.remove(worker)
+            worker.close()
+            if not self._closed:
+                self._add()  # the pool stays whole; this grading failed
+            raise
+        self._idle.put(worker)
+        return report
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, workers, self._all = True, self._all, []
+        for worker in workers:
+            worker.close()
+        if self.group is not None:
+            _remove(self.group)
+            serving = self.group.with_name(self.group.name.replace(PREFIXES[1], PREFIXES[0]))
+            if _returning_to is not None and serving.is_dir():
+                try:  # back where this process was, so that the serving group can go
+                    (_returning_to / "cgroup.procs").write_text(str(os.getpid()))
+                except OSError as exc:
+                    log.debug("cannot leave %s: %s", serving, exc)
+                _remove(serving)
