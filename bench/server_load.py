@@ -26,6 +26,11 @@ largest concurrency whose median bash-step p99 stays under ``--p99-limit`` secon
 
     python bench/server_load.py [--sessions 64] [--steps 20] [--repeats 3] [--json FILE]
     python bench/server_load.py --find-max [--max 512] [--p99-limit 1.0] [--resolution 16]
+    python bench/server_load.py --compare-grading 16,64,128 [--grading-workers N] [--steps 20] [--repeats 3]
+
+``--compare-grading`` measures only where grading runs (issue 38): two servers, one grading in its
+threads (``--grading-workers 0``) and one in its grading workers, and that second one with
+sessions that end without a submit (grading elsewhere: the peer), in rotating order per round.
 """
 
 from __future__ import annotations
@@ -277,11 +282,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(max_sessions: int, tasks: str | None, log_path: Path) -> Iterator[tuple[str, int]]:
+def server_process(max_sessions: int, tasks: str | None, log_path: Path,
+                   grading_workers: int | None = None) -> Iterator[tuple[str, int]]:
     """``patchgym serve`` in its own process group; yields (url, pid); SIGTERM then SIGKILL on exit."""
     port = free_port()
     cmd = [sys.executable, "-m", "patchgym.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--max-sessions", str(max_sessions)]
+    if grading_workers is not None:
+        cmd += ["--grading-workers", str(grading_workers)]
     if tasks:
         cmd += ["--tasks", tasks]
     env = {**os.environ, "PATCHGYM_LOG": os.environ.get("PATCHGYM_LOG", "warning"),
@@ -330,7 +338,8 @@ def tail(path: Path, lines: int = 40) -> str:
 # -- remote sessions ----------------------------------------------------------------------
 
 
-async def remote_episode(client: httpx.AsyncClient, index: int, task_id: str, steps: int, think: float) -> Episode:
+async def remote_episode(client: httpx.AsyncClient, index: int, task_id: str, steps: int, think: float,
+                         submit: bool = True) -> Episode:
     ep = Episode()
 
     async def call(phase: str, method: str, path: str, body: Any = None, ok: int = 200) -> Any:
@@ -365,7 +374,7 @@ async def remote_episode(client: httpx.AsyncClient, index: int, task_id: str, st
             if result is None:
                 return ep
             check_step(ep, result["info"], result["terminated"], result["truncated"])
-        result = await call("submit", "POST", f"{session}/step", {"action": SUBMIT})
+        result = await call("submit", "POST", f"{session}/step", {"action": SUBMIT}) if submit else None
         if result is not None:
             check_submit(ep, result["info"], result["terminated"])
     finally:
@@ -390,24 +399,26 @@ def check_submit(ep: Episode, info: dict[str, Any], terminated: bool) -> None:
 
 
 async def remote_sessions(url: str, task_ids: list[str], n: int, steps: int, think: float,
-                          timeout: float) -> tuple[list[Episode], float]:
+                          timeout: float, submit: bool = True) -> tuple[list[Episode], float]:
     """N sessions at once, each with its own connection, as N rollout workers would have. (One
     pooled httpx client for all of them cost twice the client CPU, which on 2 cores shows up in the
     latencies measured.)"""
 
     async def one(i: int) -> Episode:
         async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout, connect=30.0)) as client:
-            return await remote_episode(client, i, task_ids[i % len(task_ids)], steps, think)
+            return await remote_episode(client, i, task_ids[i % len(task_ids)], steps, think, submit)
 
     start = time.perf_counter()
     episodes = await asyncio.gather(*(one(i) for i in range(n)))
     return list(episodes), time.perf_counter() - start
 
 
-def run_remote(url: str, server_pid: int, task_ids: list[str], n: int, args: argparse.Namespace) -> Run:
+def run_remote(url: str, server_pid: int, task_ids: list[str], n: int, args: argparse.Namespace,
+               submit: bool = True) -> Run:
     server_cpu, client_cpu, busy = process_cpu(server_pid), cpu_self(), machine_busy()
     with MemorySampler(server_pid, args.sample_interval) as mem:
-        episodes, wall = asyncio.run(remote_sessions(url, task_ids, n, args.steps, args.think, args.timeout))
+        episodes, wall = asyncio.run(remote_sessions(url, task_ids, n, args.steps, args.think, args.timeout,
+                                                     submit))
     resources = {"cpu_server_s": round(process_cpu(server_pid) - server_cpu, 2),
                  "cpu_client_s": round(cpu_self() - client_cpu, 2),
                  "cpu_machine_s": round(machine_busy() - busy, 2), **mem.figures(),
@@ -706,6 +717,74 @@ def print_capacity(cap: dict[str, Any]) -> None:
     print(f"  largest concurrency holding: {cap['max_sessions_holding']}{more}")
 
 
+GRADING_MODES = ("inline", "pool", "elsewhere")
+
+
+def compare_grading(task_set: TaskSet, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """At each of ``--compare-grading`` levels, ``--repeats`` rounds of three modes in a rotating
+    order: grading in the server's threads (``inline``, ``--grading-workers 0``), in its grading
+    workers (``pool``), and ``elsewhere`` (the pool's server, sessions ending without a submit:
+    what steps cost with no grading on this machine, the peer of both)."""
+    levels = [int(n) for n in args.compare_grading.split(",")]
+    top = max(levels)
+    out: dict[str, Any] = {"levels": {}}
+    with contextlib.ExitStack() as stack:
+        servers = {"inline": stack.enter_context(server_process(top, args.tasks, log_dir / "inline.log", 0)),
+                   "pool": stack.enter_context(server_process(top, args.tasks, log_dir / "pool.log",
+                                                              args.grading_workers))}
+        servers["elsewhere"] = servers["pool"]
+        task_ids = args.task or [t["instance_id"] for t in httpx.get(f"{servers['pool'][0]}/v1/tasks",
+                                                                      timeout=30).json()]
+        if not args.no_warmup:
+            for url, pid in {servers["inline"], servers["pool"]}:
+                warm = argparse.Namespace(**{**vars(args), "steps": 2, "think": 0.0})
+                run_remote(url, pid, task_ids, len(task_ids), warm)
+        for n in levels:
+            rounds = []
+            for r in range(args.repeats):
+                order = GRADING_MODES[r % 3:] + GRADING_MODES[:r % 3]
+                column: dict[str, Any] = {}
+                for mode in order:
+                    url, pid = servers[mode]
+                    load = round(os.getloadavg()[0], 1)
+                    summary = run_remote(url, pid, task_ids, n, args, submit=mode != "elsewhere").summary()
+                    column[mode] = {"bash_p50_ms": summary["bash"].get("p50_ms"),
+                                    "bash_p99_ms": summary["bash"].get("p99_ms"),
+                                    "submit_p50_ms": summary["submit"].get("p50_ms"),
+                                    "submit_p99_ms": summary["submit"].get("p99_ms"), "wall_s": summary["wall_s"],
+                                    "errors": summary["errors"], "load_before": load}
+                    print(f"  [grading {mode}, {n} sessions, round {r + 1}/{args.repeats}, load {load}] "
+                          f"{column[mode]}", file=sys.stderr, flush=True)
+                for mode in ("inline", "pool"):
+                    base = column["elsewhere"]["bash_p99_ms"]
+                    column[f"{mode}_p99_over_elsewhere"] = (round(column[mode]["bash_p99_ms"] / base, 2)
+                                                           if base and column[mode]["bash_p99_ms"] else None)
+                rounds.append(column)
+            medians = {mode: {k: statistics.median(v) if (v := [c[mode][k] for c in rounds
+                                                               if c[mode][k] is not None]) else None
+                              for k in rounds[0][mode]} for mode in GRADING_MODES}
+            for key in ("inline_p99_over_elsewhere", "pool_p99_over_elsewhere"):
+                values = [c[key] for c in rounds if c[key] is not None]
+                medians[key] = statistics.median(values) if values else None
+            out["levels"][n] = {"rounds": rounds, "median": medians}
+    return out
+
+
+def print_grading(result: dict[str, Any]) -> None:
+    print("\ngrading on and off the serving path (medians of the rounds; ratio: bash-step p99 over elsewhere's,"
+          " the median of each round's ratio):")
+    print(f"  {'sessions':>8}  {'mode':>9}  {'bash p50':>9}  {'bash p99':>9}  {'submit p50':>10}  "
+          f"{'submit p99':>10}  {'errors':>6}  {'p99 ratio':>9}")
+    for n, level in result["levels"].items():
+        med = level["median"]
+        for mode in GRADING_MODES:
+            m = med[mode]
+            ratio = med.get(f"{mode}_p99_over_elsewhere", "")
+            print(f"  {n:>8}  {mode:>9}  {fmt(m['bash_p50_ms']):>9}  {fmt(m['bash_p99_ms']):>9}  "
+                  f"{fmt(m['submit_p50_ms']):>10}  {fmt(m['submit_p99_ms']):>10}  {fmt(m['errors']):>6}  "
+                  f"{fmt(ratio) if ratio != '' else '':>9}")
+
+
 def warm_up(url: str, server_pid: int, task_set: TaskSet, task_ids: list[str], args: argparse.Namespace) -> None:
     """One short session per task, remote and in-process (caches, imports, thread pools); not counted."""
     warm = argparse.Namespace(**{**vars(args), "steps": 2, "think": 0.0})
@@ -735,6 +814,9 @@ def main() -> None:
     parser.add_argument("--p99-limit", type=float, default=1.0, help="seconds the bash-step p99 must stay under")
     parser.add_argument("--resolution", type=int, default=16, help="bisect until the bracket is this narrow")
     parser.add_argument("--sample-interval", type=float, default=1.0, help="seconds between memory samples")
+    parser.add_argument("--grading-workers", type=int, help="the server's --grading-workers (default: serve's)")
+    parser.add_argument("--compare-grading", metavar="LEVELS",
+                        help="only compare grading inline / in the pool / elsewhere at these concurrencies (16,64,128)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if min(args.sessions, args.steps, args.repeats, args.max, args.resolution) < 1:
@@ -746,13 +828,19 @@ def main() -> None:
     task_set = load_task_set(args.tasks)
     max_sessions = max(args.sessions, args.max if args.find_max else 0)
     log_path = Path(tempfile.mkdtemp(prefix="pg-bench-server-")) / "server.log"
+    if args.compare_grading:
+        result = compare_grading(task_set, args, log_path.parent)
+        print_grading(result)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return
     results: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count(),
                                "mem_total_mib": round(os.sysconf("SC_PHYS_PAGES") * PAGE / (1 << 20)),
                                "sessions": args.sessions, "steps": args.steps, "repeats": args.repeats,
                                "think_s": args.think, "commands": COMMANDS, "server_max_sessions": max_sessions}
     server_pid = None
     try:
-        with server_process(max_sessions, args.tasks, log_path) as (url, server_pid):
+        with server_process(max_sessions, args.tasks, log_path, args.grading_workers) as (url, server_pid):
             task_ids = args.task or [t["instance_id"] for t in httpx.get(f"{url}/v1/tasks", timeout=30).json()]
             results["tasks"] = task_ids
             print(f"server pid {server_pid} at {url} (log {log_path}); {len(task_ids)} tasks", file=sys.stderr)
