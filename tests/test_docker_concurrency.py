@@ -127,8 +127,9 @@ def test_an_engine_that_never_answers_fails_the_call_at_its_deadline(fake_engine
     stuck = [threading.Thread(target=stuck_call, daemon=True) for _ in range(ENGINE_CONCURRENCY)]
     for thread in stuck:
         thread.start()
+    # the first call's handler still waits (its caller left at 1 s): it counts on the engine's side
     deadline = time.monotonic() + 2
-    while fake_engine.in_flight < ENGINE_CONCURRENCY and time.monotonic() < deadline:
+    while fake_engine.in_flight < ENGINE_CONCURRENCY + 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     started = time.monotonic()
     with pytest.raises(EngineBusyError, match="did not take a request"):
@@ -197,9 +198,11 @@ print(json.dumps({"outcomes": outcomes, "builds": len(built), "non_daemon": othe
 """
 
 
-@pytest.mark.parametrize("builds", [0, 2], ids=["alone", "builds-in-flight"])
 def test_a_storm_of_starts_and_closes_leaves_nothing_and_the_engine_working(docker_base, calc_task, calc_tasks_file,
-                                                                            tmp_path, builds):
+                                                                            tmp_path):
+    """64 starts from 64 threads at once, a step each, then 64 closes at once, while a build commits
+    images beside them (the storm alone is the same run without it: one run, to keep the suite short)."""
+    builds = 1
     from patchgym.sandboxes.docker import DockerSandbox, docker_client
     from patchgym.sandboxes.docker.client import KIND_LABEL, OWNER_LABEL
     from patchgym.tasks.backends import sandbox_spec
@@ -222,7 +225,7 @@ def test_a_storm_of_starts_and_closes_leaves_nothing_and_the_engine_working(dock
     assert outcomes.count("ok") >= len(outcomes) // 2, [o for o in outcomes if o != "ok"][:5]
     assert result["non_daemon"] == [] and proc.returncode == 0, stderr[-3000:]
     assert exited_after < 10, f"the process took {exited_after:.1f}s to exit"
-    assert not builds or result["builds"] >= 1, stderr[-3000:]
+    assert result["builds"] >= 1, stderr[-3000:]
 
     owner = f"{OWNER_LABEL}={os.uname().nodename}:{proc.pid}"
     deadline = time.monotonic() + 60
