@@ -9,10 +9,11 @@ beside a floor started the same way in the same run.
 
 Levels are cumulative (``--levels 64,256,1024``: start 64, measure, start 192 more, measure, ...),
 started by ``--workers`` threads. Per level: ready/s over the segment that reached it, idle MiB per
-sandbox (median of up to 32 sampled: local, the private memory (USS) of its processes plus what
-its tmpfs holds; docker, its container's memory cgroup plus its containerd-shim's USS, as
-``docker_sandbox.py`` counts it) and the host's mount table. Then all are closed at once by the
-workers: seconds per sandbox. Each run measures patchgym and the floor, alternating which goes
+sandbox (median of up to 32 sampled: local, its memory cgroup's usage (its processes, its tmpfs,
+the kernel memory charged to it), or its processes' private memory (USS) plus its tmpfs if that is
+more; the bwrap floor, its processes' USS; docker, its container's memory cgroup plus its
+containerd-shim's USS, as ``docker_sandbox.py`` counts it) and the host's mount table. Then all
+are closed at once by the workers: seconds per sandbox. Each run measures patchgym and the floor, alternating which goes
 first; figures are per run and medians of runs, with the load average at each run's start.
 Lines of progress go to stderr; the results, also per run as it ends, to ``--json``. Needs root.
 
@@ -60,9 +61,16 @@ class LocalKind:
         return sandbox
 
     def memory(self, sandbox) -> int:
+        """The larger of its memory cgroup's usage (its processes, its tmpfs, the kernel memory
+        charged to it: docker's measure) and its processes' USS plus its tmpfs."""
         bwrap = sandbox._init.proc.pid
         used = os.statvfs(Path(f"/proc/{bwrap}/root") / str(sandbox.root).lstrip("/"))  # its tmpfs, in its namespace
-        return sum(uss(p) for p in [bwrap, *children(bwrap)]) + (used.f_blocks - used.f_bfree) * used.f_frsize
+        own = sum(uss(p) for p in [bwrap, *children(bwrap)]) + (used.f_blocks - used.f_bfree) * used.f_frsize
+        group = sandbox._group.dirs.get("memory") if sandbox._group is not None else None
+        for name in ("memory.usage_in_bytes", "memory.current"):
+            if group is not None and (group / name).exists():
+                return max(own, int((group / name).read_text()))
+        return own
 
     def close(self, sandbox) -> None:
         sandbox.close()
