@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 import requests
 
+from patchgym.sandboxes.docker import client as client_module
 from patchgym.sandboxes.docker.client import ENGINE_CONCURRENCY, EngineBusyError, engine_client
 
 
@@ -110,7 +111,7 @@ def test_many_threads_share_a_bounded_engine_connection(fake_engine):
 
 
 def test_an_engine_that_never_answers_fails_the_call_at_its_deadline(fake_engine):
-    """A stuck engine: the call fails at its deadline; with every slot held by stuck calls, the
+    """A stuck engine: the call fails at its deadline; with every slot of this process held, the
     next call fails at its deadline too, saying so, instead of queueing forever."""
     client = engine_client(timeout=1)
     started = time.monotonic()
@@ -118,25 +119,17 @@ def test_an_engine_that_never_answers_fails_the_call_at_its_deadline(fake_engine
         client.api.inspect_container("hang")
     assert time.monotonic() - started < 5
 
-    def stuck_call() -> None:
-        try:
-            engine_client(timeout=3).api.inspect_container("hang")
-        except Exception:  # noqa: BLE001 - it fails at its deadline; only the slot it held matters
-            pass
-
-    stuck = [threading.Thread(target=stuck_call, daemon=True) for _ in range(ENGINE_CONCURRENCY)]
-    for thread in stuck:
-        thread.start()
-    # the first call's handler still waits (its caller left at 1 s): it counts on the engine's side
-    deadline = time.monotonic() + 2
-    while fake_engine.in_flight < ENGINE_CONCURRENCY + 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    started = time.monotonic()
-    with pytest.raises(EngineBusyError, match="did not take a request"):
-        client.api.inspect_container("other")
-    assert time.monotonic() - started < 5
-    for thread in stuck:
-        thread.join(10)
+    # every slot held (as by stuck calls of other threads): the next call waits its deadline, no more
+    held = [client_module._slots.acquire(timeout=10) for _ in range(ENGINE_CONCURRENCY)]
+    try:
+        assert all(held)
+        started = time.monotonic()
+        with pytest.raises(EngineBusyError, match="did not take a request"):
+            client.api.inspect_container("other")
+        assert time.monotonic() - started < 5
+    finally:
+        for _ in filter(None, held):
+            client_module._slots.release()
 
 
 STORM = """
