@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -109,6 +110,8 @@ def test_close_is_idempotent(backend, calc_task):
 
 
 def test_verifier_grades_alike(backend, calc_task):
+    if os.environ.get("PATCHGYM_PYTHON_INIT"):
+        pytest.skip("grading runs on exec and the file calls, which the tests above cover with the Python init")
     verifier = Verifier(sandbox_factory(backend))
     assert verifier.verify(calc_task, calc_task.patch).resolved
     empty = verifier.verify(calc_task, "", run_empty=True)
