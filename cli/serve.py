@@ -59,7 +59,7 @@ def serve(
     grading_cpu_share: Annotated[int, typer.Option(
         "--grading-cpu-share", min=2, max=65536,
         help="The grading workers' CPU weight against 1024 for the serving side, when both want the cores "
-             "(cgroups: root only).")] = 256,
+             "(cgroups: root only).")] = 1024,
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""

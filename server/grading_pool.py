@@ -8,7 +8,7 @@ the ``cpu`` controller (root, v1 ``cpu.shares`` or v2 ``cpu.weight``), two sibli
 cores: the server itself joins ``patchgym-serving-<pid>`` (its event loop, and the sandboxes of
 the steps, which inherit it), the workers ``patchgym-grading-<pid>``, weighted 1024 against
 ``cpu_share``: when both want the cores, grading gets ``cpu_share / (1024 + cpu_share)`` of them
-(the default 256: a fifth), and all of them when the serving side idles. Both are weighted by the
+(the default 1024: half), and all of them when the serving side idles. Both are weighted by the
 number of cores against the host's other processes, so the server is not squeezed into one
 process's share. Without such cgroups the pool still takes grading out of the server's process
 (and its interpreter lock), and a warning says so.
@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PREFIXES = ("patchgym-serving-", "patchgym-grading-")
-DEFAULT_CPU_SHARE = 256  # against the serving side's 1024: a fifth of contended cores, all of idle ones
+# Equal to the serving side's: half of contended cores, all of idle ones. A fifth (256) made submits 2-15x slower
+# than inline grading on a saturated host (bench/README.md): rewards matter to a trainer as much as steps.
+DEFAULT_CPU_SHARE = 1024
 _returning_to: Path | None = None  # the cgroup this process leaves for the serving one
 
 
