@@ -52,6 +52,12 @@ def serve(
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", min=16, help="HTTP connections open at once (lowered to what the descriptor limit "
+                                          "leaves beside the sessions' own).")] = 4096,
+    read_timeout: Annotated[float, typer.Option(
+        "--read-timeout", min=1, help="Seconds a client has to send a whole request, from its first byte or "
+                                      "from connecting; then its connection is closed.")] = 30,
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""
@@ -64,9 +70,8 @@ def serve(
     if not loopback and not token:
         fail(f"refusing to serve on {host} without a token: anyone who can reach it could run code in "
               "its sandboxes; pass --token (or PATCHGYM_SERVER_TOKEN), or bind 127.0.0.1")
-    import uvicorn
-
     from patchgym.server.app import create_app  # lazily: the layers below know nothing of HTTP
+    from patchgym.server.serving import Server, server_config
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
                    "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour)}
@@ -77,10 +82,8 @@ def serve(
                          idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options,
                          seed_wait=seed_wait, rollout_idle_ttl=nemo_gym_idle_ttl,
                          model_endpoints=model_endpoint or ())
+        config = server_config(api, host=host, port=port, max_connections=max_connections,
+                               read_timeout=read_timeout, log_level=os.environ.get("PATCHGYM_LOG", "info").lower())
     except ValueError as exc:
         fail(str(exc))
-    # In-flight requests get a short grace on shutdown; then the lifespan closes every sandbox.
-    # Keep-alive well past clients' own idle expiry (httpx: 5 s, aiohttp: 15 s): when both sides
-    # expire an idle connection at the same moment, a request sent on it fails mid-flight.
-    uvicorn.run(api, host=host, port=port, log_level=os.environ.get("PATCHGYM_LOG", "info").lower(),
-                timeout_graceful_shutdown=10, timeout_keep_alive=75)
+    Server(config).run()

@@ -32,6 +32,7 @@ from patchgym.rollouts.run import trajectory_line
 from patchgym.sandboxes import SandboxError
 from patchgym.server.core import EnvService, EpisodeOver
 from patchgym.server.deps import Owner, Service, service_of
+from patchgym.server.gate import TokenGate
 from patchgym.server.models import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -98,6 +99,7 @@ def create_app(
     app.state.metrics = service.metrics
     app.state.task_set = task_set
     app.state.nemo_gym = NemoGymState()
+    app.add_middleware(TokenGate, service=service)  # before any route reads a body: patchgym.server.gate
     app.include_router(router)
     app.include_router(openenv_router)
     app.include_router(nemo_gym_router(service))  # last: its catch-all /{tool_name} must match after every route

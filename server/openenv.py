@@ -27,6 +27,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from patchgym.sandboxes import SandboxError
 from patchgym.server.core import EnvService, EpisodeOver
 from patchgym.server.deps import Owner, Service
+from patchgym.server.gate import presented_token
 from patchgym.server.models import ErrorBody
 from patchgym.server.sessions import CapacityError, OperationTimeout, Session, SessionBusy, SessionNotFound
 from patchgym.tasks.catalog import UnknownTaskError
@@ -184,12 +185,6 @@ def error_message(exc: Exception) -> tuple[str, str, str]:
                                                      "the session was closed, send a reset to start a new one")
     log.error("openenv message failed", exc_info=exc)
     return "EXECUTION_ERROR", "internal", f"internal server error ({type(exc).__name__})"
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer ...`` header (None for none or another scheme)."""
-    scheme, _, credentials = (authorization or "").partition(" ")
-    return (credentials.strip() or None) if scheme.lower() == "bearer" else None
 
 
 _closing: set["asyncio.Task[None]"] = set()  # closes that outlive a cancelled caller must not be collected
@@ -377,7 +372,7 @@ async def ws(websocket: WebSocket, service: Service) -> None:
     """One environment per connection (OpenEnv's reset/step/state/close messages). Auth is the
     server's bearer token, checked before accepting (a refusal is close code 1008)."""
     try:
-        owner = service.authenticate(bearer_token(websocket.headers.get("authorization")))
+        owner = service.authenticate(presented_token(websocket.headers.get("authorization")))
     except HTTPException:
         await websocket.close(code=status.WS_1008_POLICY_VIOLATION, reason="missing or wrong bearer token")
         return
