@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import shutil
 import signal
 import time
@@ -239,10 +240,17 @@ def launcher(limits: ResourceLimits, group: ProcessGroup | None) -> list[str]:
     """
     procs = group.procs_files() if group is not None and group.active else []
     rlimits = [f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 5}", f"--fsize={limits.file_size_bytes}",
-               f"--nofile={limits.open_files}", "--core=0"]
+               f"--nofile={_open_files(limits)}", "--core=0"]
     if not procs:  # weaker per-process stand-ins for the cgroup bounds
         rlimits += [f"--as={limits.memory_bytes}", f"--nproc={limits.max_processes}"]
     return ["/bin/sh", "-c", _JOIN_SCRIPT, "patchgym-launch", *procs, "--", _prlimit(), *rlimits, "--"]
+
+
+def _open_files(limits: ResourceLimits) -> int:
+    """``limits.open_files``, or less when this process may not have as many: a sandbox cannot
+    raise its hard limit past its starter's (bubblewrap's user namespace lacks the privilege)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return limits.open_files if hard == resource.RLIM_INFINITY else min(limits.open_files, hard)
 
 
 @lru_cache(maxsize=1)
