@@ -28,6 +28,9 @@ def serve(
     backend: BackendOpt = "local",
     tasks: TasksOpt = None,
     max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, help="Sessions open at once.")] = 32,
+    max_sessions_per_token: Annotated[int | None, typer.Option(
+        "--max-sessions-per-token", min=1, help="Sessions (and stateless verifications) one token may hold at once; "
+                                                "default: an equal share of --max-sessions per --token.")] = None,
     token: Annotated[list[str] | None, typer.Option(
         "--token", envvar="PATCHGYM_SERVER_TOKEN",
         help="Bearer token clients must send (repeat for several; env PATCHGYM_SERVER_TOKEN).")] = None,
@@ -81,7 +84,7 @@ def serve(
         api = create_app(tasks=load_tasks(tasks), backend=backend, max_sessions=max_sessions, token=token or None,
                          idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options,
                          seed_wait=seed_wait, rollout_idle_ttl=nemo_gym_idle_ttl,
-                         model_endpoints=model_endpoint or ())
+                         model_endpoints=model_endpoint or (), max_sessions_per_token=max_sessions_per_token)
         config = server_config(api, host=host, port=port, max_connections=max_connections,
                                read_timeout=read_timeout, log_level=os.environ.get("PATCHGYM_LOG", "info").lower())
     except ValueError as exc:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, HTTPException, WebSocket, status
+from fastapi import APIRouter, Body, Header, HTTPException, WebSocket, status
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -28,7 +28,7 @@ from patchgym.sandboxes import SandboxError
 from patchgym.server.core import EnvService, EpisodeOver
 from patchgym.server.deps import Owner, Service
 from patchgym.server.gate import presented_token
-from patchgym.server.models import ErrorBody
+from patchgym.server.models import ErrorBody, TenantLimits
 from patchgym.server.sessions import CapacityError, OperationTimeout, Session, SessionBusy, SessionNotFound
 from patchgym.tasks.catalog import UnknownTaskError
 
@@ -404,10 +404,21 @@ async def step(body: StepBody, service: Service, who: Owner) -> StepResult:
     return StepResult(observation=obs, reward=reward, done=terminated or truncated)
 
 
-@router.get("/state", response_model=EpisodeState)
-async def state() -> EpisodeState:
-    """Stateless HTTP has no episode: the default state (a session's state is a ``/ws`` message)."""
-    return EpisodeState()
+class StateView(EpisodeState):
+    """``GET /state``: OpenEnv's default state, and the asking token's limits."""
+
+    limits: TenantLimits | None = Field(None, description="What the token that asks may hold, and holds (absent "
+                                                          "without a token on a server that has tokens).")
+
+
+@router.get("/state", response_model=StateView, responses={401: SESSION_ERRORS[401]})
+async def state(service: Service, authorization: Annotated[str | None, Header()] = None) -> StateView:
+    """Stateless HTTP has no episode: the default state (a session's state is a ``/ws`` message),
+    with the limits of the token sent, if any (answered without one: it is public)."""
+    token = presented_token(authorization)
+    if service.tokens and token is None:
+        return StateView()
+    return StateView(limits=TenantLimits(**service.limits_of(service.authenticate(token))))
 
 
 @router.get("/schema")
