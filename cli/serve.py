@@ -51,6 +51,9 @@ def serve(
         "--command-timeout", min=1, help="Deadline of one bash command (s).")] = 120,
     output_limit: Annotated[int, typer.Option(
         "--output-limit", min=256, help="Characters of command output kept per step.")] = 16_000,
+    max_diff_mib: Annotated[int, typer.Option(
+        "--max-diff-mib", min=1, help="Largest workspace diff a submit grades (MiB); past it the episode is the "
+                                      "agent's failure, and the server never reads it.")] = 8,
     ray_address: RayAddressOpt = None,
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
@@ -78,8 +81,10 @@ def serve(
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
                    "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour)}
+    sandbox_options = {"limits": {"diff_bytes": max_diff_mib << 20}}
     if backend == "ray" or ray_address:
-        env_options["sandbox_options"] = backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox)
+        sandbox_options.update(backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox))
+    env_options["sandbox_options"] = sandbox_options
     try:
         api = create_app(tasks=load_tasks(tasks), backend=backend, max_sessions=max_sessions, token=token or None,
                          idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options,

@@ -278,7 +278,7 @@ class LocalSandbox(ClosesItself):
     def diff(self) -> str:
         with self._lock:
             self._check_open()
-            return workspace_diff(self.workspace, self._pristine, cache_dir("builds"))
+            return workspace_diff(self.workspace, self._pristine, cache_dir("builds"), self.limits.diff_bytes)
 
     def reset(self) -> None:
         with self._lock:
