@@ -167,7 +167,7 @@ class ResourceLimits:
     max_processes: int = 512
     file_size_bytes: int = 1 << 30
     open_files: int = 4096
-    cpus: float = 2.0  # CPU share of a container (Docker backend)
+    cpus: float = 2.0  # CPUs a sandbox may use at once: a CFS quota (Docker's --cpus; the local backend's cpu cgroup)
     disk_bytes: int = 2 << 30
     disk_files: int = 200_000
     diff_bytes: int = DIFF_BYTES
