@@ -2,7 +2,8 @@
 
 Two local sandboxes on a bundled task: the neighbour, a ``RepoEnv`` (what the server drives),
 takes bash steps (``--steps`` of each kind: ``echo``, and ``cpu``, a python3 loop of ~0.1 s, the
-kind of work a test run is) idle, then while the other sandbox burns CPU (``--burn``: busy loops,
+kind of work a test run is; under the burn, fewer when they pass ``--budget`` seconds in all)
+idle, then while the other sandbox burns CPU (``--burn``: busy loops,
 a fork bomb, held at its pids limit and killed within seconds, or an output flood); the
 neighbour's p50/p99 both ways, the ratio of its p99 under the burn to idle, and the CPUs the
 burner used meanwhile (``--burner-cpus``: its ``ResourceLimits.cpus``, the cpu cgroup's quota).
@@ -55,9 +56,14 @@ STEPS = {  # the neighbour's step: a shell builtin, or some CPU work (a test run
 }
 
 
-def steps_of(env, kind: str, steps: int) -> list[float]:
-    times = []
+def steps_of(env, kind: str, steps: int, budget: float = math.inf) -> list[float]:
+    """The wall time of ``steps`` steps of ``kind``, fewer when they take more than ``budget`` seconds
+    in all (a starved neighbour's would take many minutes)."""
+    times: list[float] = []
+    deadline = time.monotonic() + budget
     for i in range(steps):
+        if time.monotonic() > deadline:
+            break
         start = time.perf_counter()
         observation, _, done, _, info = env.step({"name": "bash", "arguments": {"command": STEPS[kind].format(i=i)}})
         times.append(time.perf_counter() - start)
@@ -85,7 +91,7 @@ def service_cgroup():
             time.sleep(0.05)
 
 
-def one_run(burn: str, burners: int, steps: int, burner_cpus: float | None) -> dict:
+def one_run(burn: str, burners: int, steps: int, burner_cpus: float | None, budget: float) -> dict:
     """In the child: the neighbour's steps of each kind idle, then under the burn."""
     from patchgym.gym_envs.repo_env import RepoEnv
     from patchgym.sandboxes import ResourceLimits
@@ -98,13 +104,15 @@ def one_run(burn: str, burners: int, steps: int, burner_cpus: float | None) -> d
     try:
         steps_of(neighbour, "echo", 3)  # warm
         idle = {kind: steps_of(neighbour, kind, steps) for kind in STEPS}
-        burn_seconds = 30 + steps  # killed at its timeout, or when the sandbox closes
-        thread = threading.Thread(target=lambda: burner.exec(BURNS[burn].format(n=burners), timeout=burn_seconds),
-                                  daemon=True)
+        def burning() -> None:  # until the sandbox closes (the timeout only bounds a run that hangs)
+            with contextlib.suppress(Exception):
+                burner.exec(BURNS[burn].format(n=burners), timeout=1800)
+
+        thread = threading.Thread(target=burning, daemon=True)
         thread.start()
         time.sleep(4)  # the burn ramps up
         cpu_before, wall_before = usage_of(burner).cpu_seconds, time.monotonic()
-        burned = {kind: steps_of(neighbour, kind, steps) for kind in STEPS}
+        burned = {kind: steps_of(neighbour, kind, steps, budget) for kind in STEPS}
         cpu_after, wall_after = usage_of(burner).cpu_seconds, time.monotonic()
     finally:
         neighbour.close()
@@ -115,6 +123,7 @@ def one_run(burn: str, burners: int, steps: int, burner_cpus: float | None) -> d
         for when, values in (("idle", idle[kind]), ("burn", burned[kind])):
             figures[f"{kind}_{when}_p50_ms"] = round(percentile(values, 50) * 1000, 1)
             figures[f"{kind}_{when}_p99_ms"] = round(percentile(values, 99) * 1000, 1)
+        figures[f"{kind}_burn_steps"] = len(burned[kind])
         figures[f"{kind}_p99_ratio"] = round(percentile(burned[kind], 99) / percentile(idle[kind], 99), 2)
     return figures
 
@@ -122,6 +131,7 @@ def one_run(burn: str, burners: int, steps: int, burner_cpus: float | None) -> d
 def run_child(python: str, args: argparse.Namespace) -> dict:
     extra = ["--burner-cpus", str(args.burner_cpus)] if args.burner_cpus else []
     extra += ["--in-service-cgroup"] if args.in_service_cgroup else []
+    extra += ["--budget", str(args.budget)]
     out = subprocess.run([python, str(Path(__file__).resolve()), "--child", "--burn", args.burn, "--burners",
                           str(args.burners), "--steps", str(args.steps), *extra], capture_output=True, text=True,
                          timeout=1800)
@@ -138,6 +148,8 @@ def main() -> None:
     parser.add_argument("--burners", type=int, default=200, help="busy processes of --burn loops")
     parser.add_argument("--burner-cpus", type=float, help="the burning sandbox's ResourceLimits.cpus (default 2)")
     parser.add_argument("--steps", type=int, default=30, help="steps of each kind, idle and under the burn")
+    parser.add_argument("--budget", type=float, default=90,
+                        help="seconds each kind's steps under the burn may take in all (fewer steps past it)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peer-python", help="another tree's Python, measured alternately (e.g. main's venv)")
     parser.add_argument("--in-service-cgroup", action="store_true",
@@ -147,7 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         with service_cgroup() if args.in_service_cgroup else contextlib.nullcontext():
-            figures = one_run(args.burn, args.burners, args.steps, args.burner_cpus)
+            figures = one_run(args.burn, args.burners, args.steps, args.burner_cpus, args.budget)
         print(json.dumps(figures))
         return
     trees = {"this": sys.executable, **({"peer": args.peer_python} if args.peer_python else {})}
@@ -167,7 +179,7 @@ def main() -> None:
         for kind in STEPS:
             print(f"  {name:5} {kind:5} idle p50/p99 {f[f'{kind}_idle_p50_ms']}/{f[f'{kind}_idle_p99_ms']} ms   "
                   f"burn p50/p99 {f[f'{kind}_burn_p50_ms']}/{f[f'{kind}_burn_p99_ms']} ms   "
-                  f"p99 burn/idle {f[f'{kind}_p99_ratio']}")
+                  f"p99 burn/idle {f[f'{kind}_p99_ratio']} ({f[f'{kind}_burn_steps']} steps under the burn)")
     if args.json:
         given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         args.json.write_text(json.dumps({"args": given, "runs": runs, "median": summary}, indent=2) + "\n")

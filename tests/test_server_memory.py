@@ -1,7 +1,8 @@
 """What one submit costs the server's memory, whatever the agent wrote: a 250 MiB file in the
 workspace once raised ``patchgym serve`` from 92 MiB to 1.2-1.4 GiB on both backends. The diff the
 grader takes is bounded (``ResourceLimits.diff_bytes``, 8 MiB) and refused before it is read, and
-one just under the bound is never held whole."""
+one just under the bound is never held whole (graded on the local backend only: a grading run in
+Docker costs the suite ~30 s, and past the diff both backends grade alike)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def test_a_huge_workspace_file_leaves_the_servers_memory_bounded(backend, reques
         assert big["info"]["outcome"] == "agent_failure", big["info"]
         assert "larger than 8 MiB" in big["info"]["report"]["error"], big["info"]["report"]
         assert grown < BIG_FILE_BOUND, f"the server's peak RSS grew {grown / MIB:.0f} MiB"
+        if backend == "docker":  # the path below is the backends' shared one once the diff is in
+            return
 
         before = status_bytes(proc.pid, "VmHWM")
         near = submit_after(client, "yes 'sixty characters of text in a file just under the diff cap!' "
