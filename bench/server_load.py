@@ -254,7 +254,8 @@ def leftovers(owner: int) -> dict[str, list[str]]:
     """What sandboxes owned by process ``owner`` left on this host: workspaces, cgroups, processes."""
     found = {"sandbox_dirs": sorted(str(p) for p in cache_dir("sandboxes").glob(f"{owner}-*")),
              "cgroups": sorted(glob.glob(f"/sys/fs/cgroup/patchgym/sb-{owner}-*")
-                               + glob.glob(f"/sys/fs/cgroup/*/patchgym/sb-{owner}-*")),
+                               + glob.glob(f"/sys/fs/cgroup/*/patchgym/sb-{owner}-*")
+                               + glob.glob(f"/sys/fs/cgroup/*/patchgym-sb-{owner}-*")),
              "processes": []}
     marker = f"/sandboxes/{owner}-".encode()
     for entry in os.scandir("/proc"):

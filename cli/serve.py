@@ -28,6 +28,9 @@ def serve(
     backend: BackendOpt = "local",
     tasks: TasksOpt = None,
     max_sessions: Annotated[int, typer.Option("--max-sessions", min=1, help="Sessions open at once.")] = 32,
+    max_sessions_per_token: Annotated[int | None, typer.Option(
+        "--max-sessions-per-token", min=1, help="Sessions (and stateless verifications) one token may hold at once; "
+                                                "default: an equal share of --max-sessions per --token.")] = None,
     token: Annotated[list[str] | None, typer.Option(
         "--token", envvar="PATCHGYM_SERVER_TOKEN",
         help="Bearer token clients must send (repeat for several; env PATCHGYM_SERVER_TOKEN).")] = None,
@@ -48,6 +51,9 @@ def serve(
         "--command-timeout", min=1, help="Deadline of one bash command (s).")] = 120,
     output_limit: Annotated[int, typer.Option(
         "--output-limit", min=256, help="Characters of command output kept per step.")] = 16_000,
+    max_diff_mib: Annotated[int, typer.Option(
+        "--max-diff-mib", min=1, help="Largest workspace diff a submit grades (MiB); past it the episode is the "
+                                      "agent's failure, and the server never reads it.")] = 8,
     ray_address: RayAddressOpt = None,
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
@@ -60,6 +66,12 @@ def serve(
         "--grading-cpu-share", min=2, max=65536,
         help="The grading workers' CPU weight against 1024 for the serving side, when both want the cores "
              "(cgroups: root only).")] = 1024,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", min=16, help="HTTP connections open at once (lowered to what the descriptor limit "
+                                          "leaves beside the sessions' own).")] = 4096,
+    read_timeout: Annotated[float, typer.Option(
+        "--read-timeout", min=1, help="Seconds a client has to send a whole request, from its first byte or "
+                                      "from connecting; then its connection is closed.")] = 30,
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""
@@ -72,25 +84,24 @@ def serve(
     if not loopback and not token:
         fail(f"refusing to serve on {host} without a token: anyone who can reach it could run code in "
               "its sandboxes; pass --token (or PATCHGYM_SERVER_TOKEN), or bind 127.0.0.1")
-    import uvicorn
-
     from patchgym.server.app import create_app  # lazily: the layers below know nothing of HTTP
+    from patchgym.server.serving import Server, server_config
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
                    "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour),
                    "grading_workers": max(2, os.cpu_count() or 1) if grading_workers is None else grading_workers,
                    "grading_cpu_share": grading_cpu_share}
+    sandbox_options = {"limits": {"diff_bytes": max_diff_mib << 20}}
     if backend == "ray" or ray_address:
-        env_options["sandbox_options"] = backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox)
+        sandbox_options.update(backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox))
+    env_options["sandbox_options"] = sandbox_options
     try:
         api = create_app(tasks=load_tasks(tasks), backend=backend, max_sessions=max_sessions, token=token or None,
                          idle_ttl=idle_ttl, operation_timeout=operation_timeout, env_options=env_options,
                          seed_wait=seed_wait, rollout_idle_ttl=nemo_gym_idle_ttl,
-                         model_endpoints=model_endpoint or ())
+                         model_endpoints=model_endpoint or (), max_sessions_per_token=max_sessions_per_token)
+        config = server_config(api, host=host, port=port, max_connections=max_connections,
+                               read_timeout=read_timeout, log_level=os.environ.get("PATCHGYM_LOG", "info").lower())
     except ValueError as exc:
         fail(str(exc))
-    # In-flight requests get a short grace on shutdown; then the lifespan closes every sandbox.
-    # Keep-alive well past clients' own idle expiry (httpx: 5 s, aiohttp: 15 s): when both sides
-    # expire an idle connection at the same moment, a request sent on it fails mid-flight.
-    uvicorn.run(api, host=host, port=port, log_level=os.environ.get("PATCHGYM_LOG", "info").lower(),
-                timeout_graceful_shutdown=10, timeout_keep_alive=75)
+    Server(config).run()

@@ -137,6 +137,11 @@ class SandboxSpec:
     hidden_paths: tuple[str, ...] = ()
 
 
+# The largest workspace diff taken for grading: no real patch comes near (SWE-bench's gold patches
+# are kilobytes), and the server holds a few copies of it per submit.
+DIFF_BYTES = 8 << 20
+
+
 @dataclass(frozen=True)
 class ResourceLimits:
     """Bounds on what one sandbox's processes may use.
@@ -152,6 +157,9 @@ class ResourceLimits:
     (``/testbed`` beyond the repository, ``/tmp``, ``/var/tmp``; ``/dev/shm`` and ``/run/lock``
     get a small share) has its own, and all of them are memory of the container, so
     ``memory_bytes`` bounds their sum too.
+
+    ``diff_bytes`` bounds the workspace's diff (:meth:`Sandbox.diff`): past it the workspace is
+    refused as a patch (:class:`WorkspaceError`, the agent's failure), before it is read.
     """
 
     cpu_seconds: int = 900
@@ -159,9 +167,10 @@ class ResourceLimits:
     max_processes: int = 512
     file_size_bytes: int = 1 << 30
     open_files: int = 4096
-    cpus: float = 2.0  # CPU share of a container (Docker backend)
+    cpus: float = 2.0  # CPUs a sandbox may use at once: a CFS quota (Docker's --cpus; the local backend's cpu cgroup)
     disk_bytes: int = 2 << 30
     disk_files: int = 200_000
+    diff_bytes: int = DIFF_BYTES
 
 
 # -- the protocol --------------------------------------------------------------------------------
@@ -206,8 +215,8 @@ class Sandbox(Protocol):
         """The workspace's change against ``base_commit`` as a git diff (new files included).
 
         Computed by the harness with a git directory the agent cannot reach; raises
-        :class:`WorkspaceError` when the workspace cannot be expressed as a patch (too large, a
-        tracked path replaced by a FIFO, ...)."""
+        :class:`WorkspaceError` when the workspace cannot be expressed as a patch (larger than
+        ``ResourceLimits.diff_bytes``, a tracked path replaced by a FIFO, ...)."""
         ...
 
     def reset(self) -> None:

@@ -18,10 +18,16 @@ both backends kill every process a command started when it ends.
 Files whose ``lstat`` (inode, size, mode, mtime and ctime, which no one can set back) is what it
 was in the pristine state keep their pristine blob without being read, so a diff costs a walk plus
 the bytes actually changed.
+
+Memory stays bounded whatever the workspace holds: changed files are never held whole (hashed,
+then compressed into the pack file, a chunk at a time), git writes the diff to a file, and a diff
+larger than ``limit`` bytes (or changed files adding up to more) is refused before it is read.
+The caller's limit is :class:`ResourceLimits.diff_bytes`, far above any real patch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -29,12 +35,14 @@ import stat
 import subprocess
 import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import SandboxError, WorkspaceError  # relative: copied into sandboxes as the package pgrt
+from .base import DIFF_BYTES, SandboxError, WorkspaceError  # relative: copied into sandboxes as the package pgrt
 
-DIFF_LIMIT = 256 << 20
+CHUNK = 1 << 20  # how much of a file is held at once
+MAX_NAME_BYTES = 64 << 20  # the walk's names of every file, together: no repository has 1 % of it
 MAX_CHANGED_FILES = 100_000  # no patch of a repository touches more; each costs time whatever its size
 MAX_DEPTH = 256
 # No repository has a path near this long; past it (the workspace's own path added) the kernel's
@@ -106,7 +114,7 @@ class Pristine:
                 pass
 
 
-def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int = DIFF_LIMIT, *,
+def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int = DIFF_BYTES, *,
                    mounted_for: int | None = None) -> str:
     """The workspace's change against the base commit as a git diff (binary patches included).
 
@@ -116,6 +124,13 @@ def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, li
     the workspace cannot be expressed as a patch of at most ``limit`` bytes, :class:`SandboxError`
     when git itself fails on what the harness gave it.
     """
+    return workspace_diff_bytes(workspace, pristine, scratch_parent, limit, mounted_for=mounted_for).decode(
+        "utf-8", errors="replace")
+
+
+def workspace_diff_bytes(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int = DIFF_BYTES, *,
+                         mounted_for: int | None = None) -> bytes:
+    """:func:`workspace_diff` as git wrote it (bytes: the text is not always UTF-8)."""
     work_tree = workspace
     if mounted_for is not None:
         workspace = Path(f"/proc/{mounted_for}/root") / workspace.relative_to("/")
@@ -137,7 +152,7 @@ def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, li
             raise WorkspaceError(f"{_show(path)} is not a regular file, a symbolic link or a directory")
     new = [p for p in files if p not in pristine.entries]
     if not changed and not new and len(keep) == len(pristine.entries):
-        return ""  # the hot path of an untouched workspace: a walk and no git at all
+        return b""  # the hot path of an untouched workspace: a walk and no git at all
     try:
         return _diff_changes(workspace, pristine, scratch_parent, limit, files, keep, changed, new,
                              (work_tree, mounted_for))
@@ -150,7 +165,7 @@ def workspace_diff(workspace: Path, pristine: Pristine, scratch_parent: Path, li
 
 def _diff_changes(workspace: Path, pristine: Pristine, scratch_parent: Path, limit: int,
                   files: dict[bytes, os.stat_result], keep: list[tuple[bytes, bytes, bytes]],
-                  changed: list[bytes], new: list[bytes], work_tree: tuple[Path, int | None]) -> str:
+                  changed: list[bytes], new: list[bytes], work_tree: tuple[Path, int | None]) -> bytes:
     """The diff of a workspace with ``changed`` and ``new`` files (the rest kept as ``keep``);
     ``work_tree``: where git sees it, and in whose mount namespace (see :func:`workspace_diff`)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-diff-", dir=scratch_parent))  # the reaper's naming
@@ -162,20 +177,27 @@ def _diff_changes(workspace: Path, pristine: Pristine, scratch_parent: Path, lim
                                  f"({len(changed)})")
         total = sum(files[p].st_size for p in changed)
         if total > limit:
-            raise WorkspaceError(f"the workspace diff is larger than {limit >> 20} MiB "
+            raise WorkspaceError(f"the workspace diff is larger than {_size(limit)} "
                                  f"({total} bytes of new and changed files)")
-        objects: dict[bytes, tuple[int, bytes]] = {}  # sha -> (pack type, content)
         top = os.fsencode(workspace)
+        blobs: dict[bytes, tuple[bytes, os.stat_result, bytes | None]] = {}  # sha -> (path, stat, link target)
         for path in changed:
-            mode, data = _read_entry(top, path, files[path])
-            keep.append((mode, _object(objects, BLOB, data), path))
-        tree = _object_tree(objects, keep)
-        _store(objects, git_dir)
-        diff = _git(["diff-tree", "-r", "-p", "--binary", "--no-color", "--no-ext-diff", "--no-textconv",
-                     pristine.base, tree.decode()], git_dir=git_dir, index=scratch / "index", limit=limit)
+            mode, sha, target = _hash_entry(top, path, files[path])
+            blobs.setdefault(sha, (path, files[path], target))
+            keep.append((mode, sha, path))
+        trees: dict[bytes, tuple[int, bytes]] = {}  # sha -> (pack type, content)
+        tree = _object_tree(trees, keep)
+        pack = scratch / "objects.pack"
+        _write_pack(pack, top, blobs, trees)
+        _git(["index-pack", "--stdin"], git_dir=git_dir, index=git_dir / "index", stdin_file=pack)
+        out = scratch / "diff"
+        _git(["diff-tree", "-r", "-p", "--binary", "--no-color", "--no-ext-diff", "--no-textconv",
+              pristine.base, tree.decode()], git_dir=git_dir, index=scratch / "index", stdout_file=out)
+        if out.stat().st_size > limit:
+            raise WorkspaceError(f"the workspace diff is larger than {_size(limit)}")
+        return out.read_bytes()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return diff.decode("utf-8", errors="replace")
 
 
 def _git_sound(pristine: Pristine, scratch_parent: Path) -> bool:
@@ -207,6 +229,7 @@ def _walk(workspace: Path, pristine: Pristine) -> tuple[dict[bytes, os.stat_resu
     except FileNotFoundError:
         raise WorkspaceError("the workspace is gone") from None
     stack: list[tuple[bytes, int]] = [(b"", 0)]
+    names = 0
     while stack:
         rel, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -221,6 +244,9 @@ def _walk(workspace: Path, pristine: Pristine) -> tuple[dict[bytes, os.stat_resu
             path = os.path.join(rel, entry.name) if rel else entry.name
             if len(path) > MAX_PATH_BYTES:
                 raise WorkspaceError(f"a path longer than {MAX_PATH_BYTES} bytes: {_show(path)}")
+            names += len(path)
+            if names > MAX_NAME_BYTES:
+                raise WorkspaceError(f"the workspace's file names add up to more than {_size(MAX_NAME_BYTES)}")
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError as exc:
@@ -245,8 +271,9 @@ def _not_ignored(paths: list[bytes], workspace: Path, mounted_for: int | None, g
     return [p for p in paths if p not in ignored]
 
 
-def _read_entry(workspace: bytes, path: bytes, walked: os.stat_result) -> tuple[bytes, bytes]:
-    """The git mode and blob content of a file or symlink, checking it is still what the walk saw."""
+def _hash_entry(workspace: bytes, path: bytes, walked: os.stat_result) -> tuple[bytes, bytes, bytes | None]:
+    """The git mode and blob sha of a file or symlink (and a symlink's target), checking it is
+    still what the walk saw; a file is read a chunk at a time, never held whole."""
     full = workspace + b"/" + path
     if stat.S_ISLNK(walked.st_mode):
         try:
@@ -256,10 +283,24 @@ def _read_entry(workspace: bytes, path: bytes, walked: os.stat_result) -> tuple[
             raise WorkspaceError(f"cannot read {_show(path)}: {exc.strerror}") from None
         if stat_key(again) != stat_key(walked):
             raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
-        return b"120000", target
+        return b"120000", _blob_sha(len(target), [target]), target
     mode = b"100755" if walked.st_mode & stat.S_IXUSR else b"100644"
+    return mode, _blob_sha(walked.st_size, _chunks(workspace, path, walked)), None
+
+
+def _blob_sha(size: int, chunks: Iterator[bytes] | list[bytes]) -> bytes:
+    digest = hashlib.sha1(b"blob %d\0" % size)
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest().encode()
+
+
+def _chunks(workspace: bytes, path: bytes, walked: os.stat_result) -> Iterator[bytes]:
+    """A regular file's content, a chunk at a time, checking it is the file the walk saw and
+    that it neither grew nor shrank since."""
     if walked.st_size == 0:
-        return mode, b""
+        return
+    full = workspace + b"/" + path
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -268,16 +309,16 @@ def _read_entry(workspace: bytes, path: bytes, walked: os.stat_result) -> tuple[
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (walked.st_dev, walked.st_ino) or not stat.S_ISREG(st.st_mode):
             raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
-        chunks, remaining = [], walked.st_size + 1
-        while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 24))):
-            chunks.append(chunk)
+        remaining = walked.st_size + 1
+        while remaining > 0 and (chunk := os.read(fd, min(remaining, CHUNK))):
             remaining -= len(chunk)
+            if remaining <= 0:
+                break
+            yield chunk
     finally:
         os.close(fd)
-    data = b"".join(chunks)
-    if len(data) != walked.st_size:
+    if remaining != 1:
         raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
-    return mode, data
 
 
 def _object(objects: dict[bytes, tuple[int, bytes]], kind: int, data: bytes) -> bytes:
@@ -310,21 +351,43 @@ def _object_tree(objects: dict[bytes, tuple[int, bytes]], entries: list[tuple[by
     raise AssertionError("unreachable: the root is always last")
 
 
-def _store(objects: dict[bytes, tuple[int, bytes]], git_dir: Path) -> None:
-    """Write ``objects`` into ``git_dir`` as one pack (``git index-pack`` checks and indexes it):
-    one file however many objects, where loose objects would cost a file each."""
-    pack = [b"PACK", (2).to_bytes(4, "big"), len(objects).to_bytes(4, "big")]
-    for kind, data in objects.values():
-        size = len(data)
-        header = bytearray([(kind << 4) | (size & 0x0F)])
-        size >>= 4
-        while size:
-            header[-1] |= 0x80
-            header.append(size & 0x7F)
-            size >>= 7
-        pack += [bytes(header), zlib.compress(data, 1)]
-    body = b"".join(pack)
-    _git(["index-pack", "--stdin"], git_dir=git_dir, index=git_dir / "index", stdin=body + hashlib.sha1(body).digest())
+def _write_pack(pack: Path, workspace: bytes, blobs: dict[bytes, tuple[bytes, os.stat_result, bytes | None]],
+                trees: dict[bytes, tuple[int, bytes]]) -> None:
+    """Write ``blobs`` (streamed from the workspace, their content checked against their sha
+    again) and ``trees`` as one pack file for ``git index-pack``: one file however many objects,
+    where loose objects would cost a file each."""
+    digest = hashlib.sha1()
+    with open(pack, "wb") as out:
+
+        def put(data: bytes) -> None:
+            digest.update(data)
+            out.write(data)
+
+        put(b"PACK" + (2).to_bytes(4, "big") + (len(blobs) + len(trees)).to_bytes(4, "big"))
+        for sha, (path, walked, target) in blobs.items():
+            size = len(target) if target is not None else walked.st_size
+            put(_pack_header(BLOB, size))
+            squeeze, check = zlib.compressobj(1), hashlib.sha1(b"blob %d\0" % size)
+            for chunk in [target] if target is not None else _chunks(workspace, path, walked):
+                check.update(chunk)
+                put(squeeze.compress(chunk))
+            put(squeeze.flush())
+            if check.hexdigest().encode() != sha:
+                raise WorkspaceError(f"{_show(path)} changed while the diff was taken")
+        for kind, data in trees.values():
+            put(_pack_header(kind, len(data)))
+            put(zlib.compress(data, 1))
+        out.write(digest.digest())
+
+
+def _pack_header(kind: int, size: int) -> bytes:
+    header = bytearray([(kind << 4) | (size & 0x0F)])
+    size >>= 4
+    while size:
+        header[-1] |= 0x80
+        header.append(size & 0x7F)
+        size >>= 7
+    return bytes(header)
 
 
 def _scratch_git_dir(scratch: Path, pristine_git: Path) -> Path:
@@ -340,28 +403,40 @@ def _scratch_git_dir(scratch: Path, pristine_git: Path) -> Path:
 
 
 def _git(args: list[str], *, git_dir: Path, index: Path, work_tree: Path | None = None, stdin: bytes = b"",
-         ok_codes: tuple[int, ...] = (0,), limit: int | None = None, mounted_for: int | None = None) -> bytes:
-    """Run git with no configuration but ours, on ``git_dir``; its stdout (at most ``limit`` bytes);
-    with ``mounted_for``, in that process's mount namespace (where ``work_tree`` is mounted)."""
+         ok_codes: tuple[int, ...] = (0,), stdin_file: Path | None = None, stdout_file: Path | None = None,
+         mounted_for: int | None = None) -> bytes:
+    """Run git with no configuration but ours, on ``git_dir``; its stdout (none when it goes to
+    ``stdout_file``). ``stdin_file``: read instead of ``stdin``. With ``mounted_for``, in that
+    process's mount namespace (where ``work_tree`` is mounted)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_DIR": str(git_dir), "GIT_INDEX_FILE": str(index),
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1",
            "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "HOME": str(git_dir), "LC_ALL": "C"}
     if work_tree is not None:
         env["GIT_WORK_TREE"] = str(work_tree)
-    # Pipes, not temporary files: in a container the default temporary directory is the agent's.
+    # Pipes or the caller's scratch files, never the default temporary directory: in a container it is
+    # the agent's.
     argv, cwd = ["git", *SAFE_CONFIG, *args], work_tree or git_dir
     if mounted_for is not None:
         argv = ["nsenter", f"--mount=/proc/{mounted_for}/ns/mnt", f"--wd={cwd}", "--", *argv]
         cwd = git_dir  # a path of this namespace too (the same file system, no mount of its own)
-    try:
-        proc = subprocess.run(argv, input=stdin, capture_output=True, env=env, cwd=cwd, timeout=GIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"git {args[0]} timed out after {GIT_TIMEOUT:.0f}s") from None
+    with contextlib.ExitStack() as files:
+        streams: dict[str, object] = {"input": stdin, "stdout": subprocess.PIPE}
+        if stdin_file is not None:
+            streams = {**streams, "input": None, "stdin": files.enter_context(open(stdin_file, "rb"))}
+        if stdout_file is not None:
+            streams["stdout"] = files.enter_context(open(stdout_file, "wb"))
+        try:
+            proc = subprocess.run(argv, stderr=subprocess.PIPE, env=env, cwd=cwd, timeout=GIT_TIMEOUT,
+                                  **streams)  # type: ignore[call-overload]
+        except subprocess.TimeoutExpired:
+            raise SandboxError(f"git {args[0]} timed out after {GIT_TIMEOUT:.0f}s") from None
     if proc.returncode not in ok_codes:
         raise GitFailed(f"git {args[0]} failed: {proc.stderr[-2000:].decode(errors='replace').strip()}")
-    if limit is not None and len(proc.stdout) > limit:
-        raise WorkspaceError(f"the workspace diff is larger than {limit >> 20} MiB")
-    return proc.stdout
+    return proc.stdout or b""
+
+
+def _size(limit: int) -> str:
+    return f"{limit / (1 << 20):g} MiB" if limit >= 1 << 20 else f"{limit} bytes"
 
 
 def _show(path: bytes) -> str:

@@ -4,12 +4,22 @@
 bounded with the pids cgroup controller, and memory with the memory controller; both bound the
 whole tree, not one process. Where cgroups cannot be created (no permission, no controller),
 per-process rlimits remain and a warning is logged.
+
+CPU: each sandbox has a cpu cgroup of its own, as each Docker container does, so the kernel
+shares the CPU between sandboxes, not between processes: a sandbox running 500 busy processes
+weighs as one process, not 500, and its neighbours' test runs keep their share.
+``ResourceLimits.cpus`` caps it besides (a CFS quota, Docker's ``--cpus``). With cgroup v1 the cpu
+cgroups sit at the top of the cpu hierarchy (``patchgym-sb-...``), not under a common parent: a
+parent would weigh all sandboxes together as one process against everything else on the host,
+the server's own threads included, so a busy host would starve every sandbox at once. With v2
+(one tree) they share ``patchgym/``'s weight.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import shutil
 import signal
 import time
@@ -19,16 +29,20 @@ from pathlib import Path
 
 from patchgym.sandboxes.base import ResourceLimits
 from patchgym.sandboxes.process import is_dead_or_exiting
-from patchgym.sandboxes.reaper import owned_name, stale_children
+from patchgym.sandboxes.reaper import is_alive, owned_name, owner_of, stale_children
 
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "patchgym"
+CPU_PREFIX = "patchgym-"  # v1 cpu cgroups: top-level, named patchgym-sb-<owner pid>-<random>
+
+
+CPU_PERIOD_US = 100_000  # the CFS period the quota is counted in (Docker's)
 
 
 class ProcessGroup:
-    """A set of cgroups (pids, memory) that one sandbox's processes are placed in.
+    """A set of cgroups (pids, memory, cpu) that one sandbox's processes are placed in.
 
     ``join_fds`` are opened in the parent so that the forked child only has to ``write`` its pid:
     no Python-level file handling happens between fork and exec.
@@ -59,8 +73,10 @@ class ProcessGroup:
             "memory": {"memory.limit_in_bytes": str(limits.memory_bytes)},
             "freezer": {},  # lets kill_all stop forks in flight before it kills
             "cpuacct": {},  # CPU time of the whole tree (cost per episode)
+            "cpu": {"cpu.shares": "1024", "cpu.cfs_period_us": str(CPU_PERIOD_US),
+                    "cpu.cfs_quota_us": str(_quota_us(limits))},  # one sandbox's share, whatever its processes
         }.items():
-            path = CGROUP_ROOT / controller / CGROUP_PARENT / self.name
+            path = _v1_path(controller, self.name)
             try:
                 path.mkdir(parents=True, exist_ok=True)
                 for fname, value in files.items():
@@ -87,6 +103,13 @@ class ProcessGroup:
         self.dirs["pids"] = path
         self.dirs["memory"] = path
         self.dirs["cpuacct"] = path  # cpu.stat is in every v2 cgroup
+        try:  # the cpu controller apart: a parent that cannot delegate it still bounds pids and memory
+            (parent / "cgroup.subtree_control").write_text("+cpu")
+            (path / "cpu.weight").write_text("100")
+            (path / "cpu.max").write_text(f"{_quota_us(limits)} {CPU_PERIOD_US}")
+            self.dirs["cpu"] = path
+        except OSError as exc:
+            log.debug("cgroup v2 cpu controller unavailable for %s: %s", path, exc)
 
     def cpu_seconds(self) -> float | None:
         """CPU time (user + system) every process of the group used so far, reaped ones included;
@@ -212,6 +235,21 @@ class ProcessGroup:
         self.dirs.clear()
 
 
+def _v1_path(controller: str, name: str) -> Path:
+    """Where the v1 cgroup ``name`` of ``controller`` goes: under ``patchgym/``, but the cpu one at
+    the top (and cpuacct with it where the two share a hierarchy, as systemd mounts them: a process
+    is in one cgroup per hierarchy)."""
+    if controller == "cpu" or (controller == "cpuacct" and
+                               os.path.realpath(CGROUP_ROOT / "cpu") == os.path.realpath(CGROUP_ROOT / "cpuacct")):
+        return CGROUP_ROOT / controller / f"{CPU_PREFIX}{name}"
+    return CGROUP_ROOT / controller / CGROUP_PARENT / name
+
+
+def _quota_us(limits: ResourceLimits) -> int:
+    """``limits.cpus`` as CPU microseconds per :data:`CPU_PERIOD_US` (at least 1 ms)."""
+    return max(1000, int(limits.cpus * CPU_PERIOD_US))
+
+
 def _rmdir_quiet(path: Path) -> bool:
     try:
         path.rmdir()
@@ -239,10 +277,17 @@ def launcher(limits: ResourceLimits, group: ProcessGroup | None) -> list[str]:
     """
     procs = group.procs_files() if group is not None and group.active else []
     rlimits = [f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 5}", f"--fsize={limits.file_size_bytes}",
-               f"--nofile={limits.open_files}", "--core=0"]
+               f"--nofile={_open_files(limits)}", "--core=0"]
     if not procs:  # weaker per-process stand-ins for the cgroup bounds
         rlimits += [f"--as={limits.memory_bytes}", f"--nproc={limits.max_processes}"]
     return ["/bin/sh", "-c", _JOIN_SCRIPT, "patchgym-launch", *procs, "--", _prlimit(), *rlimits, "--"]
+
+
+def _open_files(limits: ResourceLimits) -> int:
+    """``limits.open_files``, or less when this process may not have as many: a sandbox cannot
+    raise its hard limit past its starter's (bubblewrap's user namespace lacks the privilege)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return limits.open_files if hard == resource.RLIM_INFINITY else min(limits.open_files, hard)
 
 
 @lru_cache(maxsize=1)
@@ -258,12 +303,26 @@ def reap_stale_cgroups() -> int:
     removed = 0
     bases = [CGROUP_ROOT / c / CGROUP_PARENT for c in ("pids", "memory", "freezer", "cpuacct")]
     bases.append(CGROUP_ROOT / CGROUP_PARENT)
-    for base in bases:
-        for child in stale_children(base):
-            if not child.is_dir():
-                continue
-            stale = ProcessGroup.__new__(ProcessGroup)
-            stale.name, stale.dirs = child.name, {"stale": child}
-            stale.destroy()
-            removed += 1
+    stale = [child for base in bases for child in stale_children(base)] + _stale_cpu_groups()
+    for child in stale:
+        if not child.is_dir():
+            continue
+        group = ProcessGroup.__new__(ProcessGroup)
+        group.name, group.dirs = child.name, {"stale": child}
+        group.destroy()
+        removed += 1
     return removed
+
+
+def _stale_cpu_groups() -> list[Path]:
+    """Top-level v1 cpu cgroups of patchgym's dead processes (only those named with
+    :data:`CPU_PREFIX`: the top of the hierarchy holds everyone's cgroups)."""
+    top = CGROUP_ROOT / "cpu"
+    if not top.is_dir() or (CGROUP_ROOT / "cgroup.controllers").exists():
+        return []
+    stale = []
+    for child in top.iterdir():
+        owner = owner_of(child.name.removeprefix(CPU_PREFIX)) if child.name.startswith(CPU_PREFIX) else None
+        if owner is not None and not is_alive(owner):
+            stale.append(child)
+    return stale

@@ -337,10 +337,11 @@ class LocalSandbox(ClosesItself):
         with self._lock:
             self._check_open()
             if self._mounts_prefix is None:
-                return workspace_diff(self.workspace, self._pristine, cache_dir("builds"))
+                return workspace_diff(self.workspace, self._pristine, cache_dir("builds"), self.limits.diff_bytes)
             self._init_request(b"P", (), 60.0)  # its mounts exist once it answers
             assert self._init is not None  # bubblewrap's process: in the namespace with the mounts
-            return workspace_diff(self.workspace, self._pristine, cache_dir("builds"), mounted_for=self._init.pid)
+            return workspace_diff(self.workspace, self._pristine, cache_dir("builds"), self.limits.diff_bytes,
+                                  mounted_for=self._init.pid)
 
     def reset(self) -> None:
         with self._lock:

@@ -32,6 +32,7 @@ from patchgym.rollouts.run import trajectory_line
 from patchgym.sandboxes import SandboxError
 from patchgym.server.core import EnvService, EpisodeOver
 from patchgym.server.deps import Owner, Service, service_of
+from patchgym.server.gate import TokenGate
 from patchgym.server.models import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -76,6 +77,7 @@ def create_app(
     seed_wait: float = 600.0,
     rollout_idle_ttl: float = 300.0,
     model_endpoints: Sequence[str] = (),
+    max_sessions_per_token: int | None = None,
 ) -> FastAPI:
     """The API. ``tasks``: a TaskSet, task file or directory (None: bundled catalog). ``token``:
     one or more accepted bearer tokens (None: no auth); a session belongs to the token that made
@@ -85,12 +87,15 @@ def create_app(
     ``/seed_session`` on a full server waits for a free session (its agent does not retry; the
     native API answers 429 at once). ``rollout_idle_ttl``: idle TTL of NeMo Gym sessions.
     ``model_endpoints``: the model API roots ``/v1/rollouts`` may call (none: it calls none; the
-    server would otherwise send requests wherever a client points it)."""
+    server would otherwise send requests wherever a client points it). ``max_sessions_per_token``:
+    sessions (and stateless verifications) one token may hold at once (None: an equal share of
+    ``max_sessions`` per token)."""
     task_set = tasks if isinstance(tasks, TaskSet) else load_task_set(tasks)
     tokens = [token] if isinstance(token, str) else list(token or [])
     service = EnvService(task_set, backend=backend, env_options=env_options or {}, max_sessions=max_sessions,
                          idle_ttl=idle_ttl, operation_timeout=operation_timeout, tokens=tokens,
-                         seed_wait=seed_wait, rollout_idle_ttl=rollout_idle_ttl, model_endpoints=model_endpoints)
+                         seed_wait=seed_wait, rollout_idle_ttl=rollout_idle_ttl, model_endpoints=model_endpoints,
+                         max_sessions_per_token=max_sessions_per_token)
     app = FastAPI(title="patchgym", version="0.1.0", lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS,
                   description="SWE-bench-style verifiable-reward environments over HTTP.")
     app.state.service = service  # what every handler reaches (patchgym.server.deps)
@@ -98,6 +103,7 @@ def create_app(
     app.state.metrics = service.metrics
     app.state.task_set = task_set
     app.state.nemo_gym = NemoGymState()
+    app.add_middleware(TokenGate, service=service)  # before any route reads a body: patchgym.server.gate
     app.include_router(router)
     app.include_router(openenv_router)
     app.include_router(nemo_gym_router(service))  # last: its catch-all /{tool_name} must match after every route
@@ -281,7 +287,7 @@ async def rollout(body: RolloutRequest, service: Service, who: Owner) -> Rollout
 @router.post("/v1/verify", response_model=VerifyResponse, tags=["verify"], responses={**ERRORS, **AUTH_ERRORS})
 async def verify(body: VerifyRequest, service: Service, who: Owner) -> VerifyResponse:
     """Grade a patch for a task in a fresh sandbox (no session needed)."""
-    report = await service.verify(body.instance_id, body.patch)
+    report = await service.verify(who, body.instance_id, body.patch)
     return VerifyResponse(reward=report.reward, resolved=report.resolved,
                           infrastructure_failure=report.infrastructure_failure,
                           outcome=str(settle(report).outcome), outcome_detail=report.outcome_detail,

@@ -5,6 +5,7 @@ translations over one :class:`EnvService`, so a limit, a deadline or a metric ho
 protocol a client speaks. Their handlers find it on ``app.state`` (:mod:`patchgym.server.deps`).
 """
 
+import collections
 import hashlib
 import logging
 import secrets
@@ -28,6 +29,7 @@ from patchgym.server.sessions import (
     CLOSED_BY_CLIENT,
     CLOSED_BY_FAILURE,
     CLOSED_GRADED,
+    CapacityError,
     OperationTimeout,
     Session,
     SessionManager,
@@ -132,11 +134,16 @@ class EnvService:
     serving path; 0, in this process's threads. ``env_options["prices"]`` (a :class:`Prices`) prices every
     episode's cost, in its report and in the metrics. ``model_endpoints``: the model API roots a
     client's rollout may make the server call (none: it calls none).
+
+    Fair share: each token may hold ``max_sessions_per_token`` sessions and run as many stateless
+    verifications at once (default: an equal share of ``max_sessions`` per token, all of it with
+    one token or none); past either, :class:`CapacityError` (429) for that token alone.
     """
 
     def __init__(self, task_set: TaskSet, *, backend: str, env_options: dict[str, Any], max_sessions: int,
                  idle_ttl: float, operation_timeout: float, tokens: Sequence[str], seed_wait: float = 600.0,
-                 rollout_idle_ttl: float = 300.0, model_endpoints: Sequence[str] = ()) -> None:
+                 rollout_idle_ttl: float = 300.0, model_endpoints: Sequence[str] = (),
+                 max_sessions_per_token: int | None = None) -> None:
         self.task_set = task_set
         self.backend = backend
         self.env_options = dict(env_options)
@@ -165,10 +172,11 @@ class EnvService:
         self.seed_wait = seed_wait
         self.rollout_idle_ttl = rollout_idle_ttl
         self.model_endpoints = tuple(model_endpoints)
-        self.manager = SessionManager(max_sessions=max_sessions, idle_ttl=idle_ttl,
-                                      operation_timeout=operation_timeout)
+        self.manager = SessionManager(max_sessions=max_sessions, idle_ttl=idle_ttl, operation_timeout=operation_timeout,
+                                      max_per_owner=max_sessions_per_token or fair_share(max_sessions, len(tokens)))
         self.metrics = Metrics(self.manager, self.queue_depth, self.prices)
         self._verify_slots: anyio.CapacityLimiter | None = None
+        self._verifying: collections.Counter[str | None] = collections.Counter()  # verifications running, by owner
 
     def queue_depth(self) -> int:
         """Operations and verifications waiting for a worker thread."""
@@ -187,6 +195,12 @@ class EnvService:
             self.metrics.errors.labels("unauthorized").inc()
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
         return hashlib.sha256(given).hexdigest()
+
+    def limits_of(self, owner: str | None) -> dict[str, int]:
+        """What ``owner`` may hold at once and holds now (``/state`` shows it to its token)."""
+        return {"max_sessions": self.manager.max_per_owner, "sessions": self.manager.held(owner),
+                "max_verifications": self.manager.max_per_owner, "verifications": self._verifying[owner],
+                "server_max_sessions": self.manager.max_sessions, "server_sessions": len(self.manager)}
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -313,11 +327,15 @@ class EnvService:
 
     # -- stateless ------------------------------------------------------------------------
 
-    async def verify(self, instance_id: str, patch: str) -> InstanceReport:
-        """Grade ``patch`` for a task in a fresh sandbox; at most ``max_sessions`` at once."""
+    async def verify(self, owner: str | None, instance_id: str, patch: str) -> InstanceReport:
+        """Grade ``patch`` for a task in a fresh sandbox; at most ``max_sessions`` at once, and
+        ``owner``'s share of them (:class:`CapacityError` past it)."""
         task = self.task_set.get(instance_id)
+        if self._verifying[owner] >= self.manager.max_per_owner:
+            raise CapacityError(f"this token has all of its {self.manager.max_per_owner} verifications running")
         if self._verify_slots is None:  # needs a running event loop
             self._verify_slots = anyio.CapacityLimiter(self.manager.max_sessions)
+        self._verifying[owner] += 1
         try:
             with anyio.fail_after(self.operation_timeout):
                 report = await anyio.to_thread.run_sync(
@@ -325,9 +343,19 @@ class EnvService:
                     abandon_on_cancel=True, limiter=self._verify_slots)
         except TimeoutError:
             raise OperationTimeout(f"verification ran past its {self.operation_timeout:g}s deadline") from None
+        finally:
+            self._verifying[owner] -= 1
+            if self._verifying[owner] <= 0:
+                del self._verifying[owner]
         self.metrics.verifications.inc()
         self.metrics.observe_cost(report.cost, "verify")
         return report
+
+
+def fair_share(max_sessions: int, tokens: int) -> int:
+    """Each token's default share of ``max_sessions``: equal parts among several tokens (at least
+    one each), all of them for one token or none."""
+    return max(1, max_sessions // tokens) if tokens > 1 else max_sessions
 
 
 def _reset_options(task_id: str | None) -> dict[str, Any] | None:

@@ -91,6 +91,17 @@ class Health(BaseModel):
     max_sessions: int
 
 
+class TenantLimits(BaseModel):
+    """What one token may hold at once, and holds now (``GET /state`` with the token)."""
+
+    max_sessions: int = Field(description="Sessions this token may hold at once; past it, 429.")
+    sessions: int = Field(description="Sessions this token holds (open or starting).")
+    max_verifications: int = Field(description="Stateless verifications this token may run at once; past it, 429.")
+    verifications: int
+    server_max_sessions: int = Field(description="Sessions the server holds at most, every token's together.")
+    server_sessions: int
+
+
 class ErrorBody(BaseModel):
     detail: str
 

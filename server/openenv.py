@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, HTTPException, WebSocket, status
+from fastapi import APIRouter, Body, Header, HTTPException, WebSocket, status
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -27,7 +27,8 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from patchgym.sandboxes import SandboxError
 from patchgym.server.core import EnvService, EpisodeOver
 from patchgym.server.deps import Owner, Service
-from patchgym.server.models import ErrorBody
+from patchgym.server.gate import presented_token
+from patchgym.server.models import ErrorBody, TenantLimits
 from patchgym.server.sessions import CapacityError, OperationTimeout, Session, SessionBusy, SessionNotFound
 from patchgym.tasks.catalog import UnknownTaskError
 
@@ -184,12 +185,6 @@ def error_message(exc: Exception) -> tuple[str, str, str]:
                                                      "the session was closed, send a reset to start a new one")
     log.error("openenv message failed", exc_info=exc)
     return "EXECUTION_ERROR", "internal", f"internal server error ({type(exc).__name__})"
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer ...`` header (None for none or another scheme)."""
-    scheme, _, credentials = (authorization or "").partition(" ")
-    return (credentials.strip() or None) if scheme.lower() == "bearer" else None
 
 
 _closing: set["asyncio.Task[None]"] = set()  # closes that outlive a cancelled caller must not be collected
@@ -377,7 +372,7 @@ async def ws(websocket: WebSocket, service: Service) -> None:
     """One environment per connection (OpenEnv's reset/step/state/close messages). Auth is the
     server's bearer token, checked before accepting (a refusal is close code 1008)."""
     try:
-        owner = service.authenticate(bearer_token(websocket.headers.get("authorization")))
+        owner = service.authenticate(presented_token(websocket.headers.get("authorization")))
     except HTTPException:
         await websocket.close(code=status.WS_1008_POLICY_VIOLATION, reason="missing or wrong bearer token")
         return
@@ -409,10 +404,21 @@ async def step(body: StepBody, service: Service, who: Owner) -> StepResult:
     return StepResult(observation=obs, reward=reward, done=terminated or truncated)
 
 
-@router.get("/state", response_model=EpisodeState)
-async def state() -> EpisodeState:
-    """Stateless HTTP has no episode: the default state (a session's state is a ``/ws`` message)."""
-    return EpisodeState()
+class StateView(EpisodeState):
+    """``GET /state``: OpenEnv's default state, and the asking token's limits."""
+
+    limits: TenantLimits | None = Field(None, description="What the token that asks may hold, and holds (absent "
+                                                          "without a token on a server that has tokens).")
+
+
+@router.get("/state", response_model=StateView, responses={401: SESSION_ERRORS[401]})
+async def state(service: Service, authorization: Annotated[str | None, Header()] = None) -> StateView:
+    """Stateless HTTP has no episode: the default state (a session's state is a ``/ws`` message),
+    with the limits of the token sent, if any (answered without one: it is public)."""
+    token = presented_token(authorization)
+    if service.tokens and token is None:
+        return StateView()
+    return StateView(limits=TenantLimits(**service.limits_of(service.authenticate(token))))
 
 
 @router.get("/schema")

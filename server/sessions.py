@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 
 class CapacityError(RuntimeError):
-    """Every session slot is taken."""
+    """Every session slot is taken, or every one the caller's token may hold."""
 
 
 class SessionNotFound(KeyError):
@@ -118,25 +118,31 @@ class Session:
 
 class SessionManager:
     """Sessions by id, at most ``max_sessions`` (creating counts from the start), each owned by a
-    token digest (or None without auth); idle longer than ``idle_ttl`` seconds (or the session's
-    own): closed by :meth:`reap_idle`, and remembered as expired.
+    token digest (or None without auth), at most ``max_per_owner`` per owner (default: no bound
+    but ``max_sessions``), so that one tenant cannot take every slot; idle longer than
+    ``idle_ttl`` seconds (or the session's own): closed by :meth:`reap_idle`, and remembered as
+    expired.
 
-    A create on a full manager fails at once (:class:`CapacityError`) unless it may wait: then it
-    queues, first come first served, until a slot frees or its wait runs out. Clients that retry
-    (the native API, with ``Retry-After``) should not wait; NeMo Gym's agent never retries a seed,
-    so its seeds queue instead of failing a whole batch."""
+    A create on a full manager, or by an owner at its cap, fails at once (:class:`CapacityError`)
+    unless it may wait: then it queues until a slot frees or its wait runs out, first come first
+    served among the waiters whose owner may take one (an owner at its cap holds up no one else).
+    Clients that retry (the native API, with ``Retry-After``) should not wait; NeMo Gym's agent
+    never retries a seed, so its seeds queue instead of failing a whole batch."""
 
-    def __init__(self, max_sessions: int = 32, idle_ttl: float = 900.0, operation_timeout: float = 1800.0) -> None:
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+    def __init__(self, max_sessions: int = 32, idle_ttl: float = 900.0, operation_timeout: float = 1800.0,
+                 max_per_owner: int | None = None) -> None:
+        if max_sessions < 1 or (max_per_owner is not None and max_per_owner < 1):
+            raise ValueError("max_sessions and max_per_owner must be at least 1")
         self.max_sessions = max_sessions
+        self.max_per_owner = min(max_per_owner or max_sessions, max_sessions)
         self.idle_ttl = idle_ttl
         self.operation_timeout = operation_timeout
         self._sessions: dict[str, Session] = {}
         self._pending = 0
+        self._held: Counter[str | None] = Counter()  # sessions open or starting, by owner
         self._starting: set[str] = set()
         self._limiter: anyio.CapacityLimiter | None = None
-        self._waiters: deque[object] = deque()
+        self._waiters: deque[tuple[object, str | None]] = deque()  # (waiter, owner), first come first
         self._freed: anyio.Event | None = None  # set (and replaced) whenever a slot may have freed
         self._expired: OrderedDict[str, str | None] = OrderedDict()
         self.waited_seconds: Callable[[float], None] = lambda seconds: None  # observer of queued creates
@@ -164,8 +170,21 @@ class SessionManager:
         """Creates queued for a free slot."""
         return len(self._waiters)
 
+    def held(self, owner: str | None) -> int:
+        """Sessions ``owner`` has open or starting."""
+        return self._held[owner]
+
     def _has_room(self) -> bool:
         return len(self._sessions) + self._pending < self.max_sessions
+
+    def _next_in_line(self) -> object | None:
+        """The first waiter whose owner may take a slot (None: there is none)."""
+        return next((w for w, owner in self._waiters if self._held[owner] < self.max_per_owner), None)
+
+    def _release(self, owner: str | None) -> None:
+        self._held[owner] -= 1
+        if self._held[owner] <= 0:
+            del self._held[owner]
 
     def _slot_freed(self) -> None:
         """Wake the queue: a slot may be free (called wherever a session or a pending start goes)."""
@@ -173,29 +192,40 @@ class SessionManager:
             self._freed.set()
             self._freed = None
 
-    async def _reserve(self, wait: float) -> None:
-        """Take a slot (``_pending``), queueing up to ``wait`` seconds behind earlier waiters."""
-        if self._has_room() and not self._waiters:
-            self._pending += 1
+    def _full_for(self, owner: str | None) -> str:
+        """Why ``owner`` may not take a slot now."""
+        if self._held[owner] >= self.max_per_owner:
+            return f"this token has all of its {self.max_per_owner} sessions in use"
+        return f"all {self.max_sessions} sessions are in use"
+
+    async def _reserve(self, owner: str | None, wait: float) -> None:
+        """Take a slot for ``owner`` (``_pending``, ``_held``), queueing up to ``wait`` seconds
+        behind earlier waiters that may take one."""
+        if self._has_room() and self._held[owner] < self.max_per_owner and self._next_in_line() is None:
+            self._take(owner)
             return
         if wait <= 0:
-            raise CapacityError(f"all {self.max_sessions} sessions are in use")
+            raise CapacityError(self._full_for(owner))
         me = object()
-        self._waiters.append(me)
+        self._waiters.append((me, owner))
         started = time.monotonic()
         try:
             with anyio.fail_after(wait):
-                while not (self._waiters[0] is me and self._has_room()):
+                while not (self._has_room() and self._next_in_line() is me):
                     if self._freed is None:
                         self._freed = anyio.Event()
                     await self._freed.wait()
         except TimeoutError:
-            raise CapacityError(f"all {self.max_sessions} sessions stayed in use for {wait:g}s") from None
+            raise CapacityError(f"{self._full_for(owner)} (waited {wait:g}s)") from None
         finally:
-            self._waiters.remove(me)
+            self._waiters.remove((me, owner))
             self.waited_seconds(time.monotonic() - started)
             self._slot_freed()  # the next in line may go too
+        self._take(owner)
+
+    def _take(self, owner: str | None) -> None:
         self._pending += 1
+        self._held[owner] += 1
 
     async def create(self, owner: str | None, start: Callable[[Session], T], session_id: str | None = None, *,
                      wait: float = 0.0, idle_ttl: float | None = None, protocol: str = "native") -> tuple[Session, T]:
@@ -205,9 +235,10 @@ class SessionManager:
         (default: a random one); it must not be in use. ``idle_ttl``: this session's own."""
         if session_id is not None and (session_id in self._sessions or session_id in self._starting):
             raise SessionBusy(session_id)
-        await self._reserve(wait)
+        await self._reserve(owner, wait)
         session = Session(owner, session_id, idle_ttl, protocol)
         self._starting.add(session.id)
+        registered = False
         try:
             if not session.try_begin():  # cannot happen: nobody else knows this session yet
                 raise SessionBusy(session.id)
@@ -217,9 +248,12 @@ class SessionManager:
                 self._discard_now(session, CLOSED_BY_FAILURE)
                 raise
             self._sessions[session.id] = session
+            registered = True  # its owner's count now goes with the session (_forget)
             return session, result
         finally:
             self._pending -= 1
+            if not registered:
+                self._release(owner)
             self._starting.discard(session.id)
             self._slot_freed()
 
@@ -296,6 +330,7 @@ class SessionManager:
 
     def _forget(self, session: Session, reason: str) -> None:
         if self._sessions.pop(session.id, None) is not None:
+            self._release(session.owner)
             self._slot_freed()
             self.closed_by(session, reason)
 
@@ -326,7 +361,7 @@ class SessionManager:
 
     def stats(self) -> dict[str, Any]:
         return {"sessions": len(self._sessions), "pending": self._pending, "waiting": len(self._waiters),
-                "max_sessions": self.max_sessions}
+                "max_sessions": self.max_sessions, "max_per_owner": self.max_per_owner}
 
 
 def _close_in_background(session: Session) -> None:

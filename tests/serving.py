@@ -1,5 +1,6 @@
 """Run an app on a real uvicorn server for the tests (the server tests never use a test client:
-threads, deadlines and disconnects behave only as they do on a real server)."""
+threads, deadlines and disconnects behave only as they do on a real server), configured as
+``patchgym serve`` runs it (:mod:`patchgym.server.serving`: guarded connections, the deeper queue)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import httpx
-import uvicorn
+
+from patchgym.server.serving import Server, server_config
 
 
 def free_port() -> int:
@@ -36,10 +38,11 @@ def wait_healthy(url: str, alive: Callable[[], bool], *, timeout: float = 30,
 
 
 @contextlib.contextmanager
-def serve(app) -> Iterator[str]:
-    """Run ``app`` on a real uvicorn server on a free loopback port, in a background thread."""
+def serve(app, **options) -> Iterator[str]:
+    """Run ``app`` on a real uvicorn server on a free loopback port, in a background thread
+    (``options``: :func:`patchgym.server.serving.server_config`'s)."""
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    srv = Server(server_config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **options))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -315,6 +315,7 @@ def test_reaper_removes_leftovers_of_dead_processes(calc_task, tmp_path):
     leftover = Path(root)
     assert leftover.is_dir() and leftover.name.startswith(f"{pid}-")
     cgroups = list(Path("/sys/fs/cgroup/pids/patchgym").glob(f"sb-{pid}-*"))
+    cgroups += list(Path("/sys/fs/cgroup/cpu").glob(f"patchgym-sb-{pid}-*"))  # v1 cpu: at the top
     assert reap_stale() >= 1
     assert not leftover.exists()
     assert leftover.parent == cache_dir("sandboxes")
@@ -413,3 +414,34 @@ def test_an_init_process_killed_from_outside_is_an_infrastructure_error_until_a_
             call()
     calc_sandbox.reset()
     assert calc_sandbox.exec("ls kept.txt").exit_code != 0 and calc_sandbox.diff() == ""
+
+
+def test_a_sandbox_weighs_as_one_process_in_a_cpu_cgroup_of_its_own(calc_task):
+    """Each local sandbox's processes share one cpu cgroup (a weight and a quota, as a Docker
+    container's): 100 busy processes get one sandbox's share, not 100 processes' worth. The
+    latency figures are bench/cpu_share.py's."""
+    from patchgym.tasks.backends import make_sandbox
+
+    sb = make_sandbox(calc_task, limits=ResourceLimits(cpus=0.5))
+    try:
+        if "cpu" not in sb._group.dirs:
+            pytest.skip("no cpu cgroup here (not root, or no cpu controller)")
+        cpu = sb._group.dirs["cpu"]
+        quota = {f: (cpu / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")} \
+            if (cpu / "cpu.cfs_quota_us").exists() else {"cpu.max": (cpu / "cpu.max").read_text().strip()}
+        assert quota in ({"cpu.cfs_quota_us": "50000", "cpu.cfs_period_us": "100000"}, {"cpu.max": "50000 100000"})
+        seen: list[set[int]] = []
+
+        def look() -> None:  # while a command runs: every process of the sandbox is in its cpu cgroup
+            time.sleep(0.4)
+            seen.append(set(map(int, (cpu / "cgroup.procs").read_text().split())))
+            seen.append(set(map(int, (sb._group.dirs["pids"] / "cgroup.procs").read_text().split())))
+
+        looker = threading.Thread(target=look)
+        looker.start()
+        assert sb.exec("sleep 1", timeout=10).exit_code == 0
+        looker.join()
+        assert seen[0] == seen[1] and len(seen[0]) >= 2, seen  # its init process and the command
+    finally:
+        sb.close()
+    assert not cpu.exists()

@@ -343,14 +343,23 @@ def test_special_files_symlinks_and_oversize_files(sandbox, backend):
         sb.diff()
     sb.exec("rm calc/__init__.py && git checkout -q calc/__init__.py && truncate -s 1G big.bin")
     start = time.monotonic()
-    with pytest.raises(WorkspaceError, match="the workspace diff is larger than 256 MiB"):
+    with pytest.raises(WorkspaceError, match="the workspace diff is larger than 8 MiB"):
         sb.diff()
     assert time.monotonic() - start < 10
     sb.exec("rm big.bin")
     assert "b/shadow" in sb.diff()
 
 
-def test_a_large_legal_diff_is_fast(sandbox):
+@pytest.fixture
+def roomy_sandbox(backend, calc_task):
+    """A sandbox whose diff may reach 64 MiB (the default bound is 8)."""
+    sb = make_sandbox(calc_task, backend, limits=ResourceLimits(diff_bytes=64 << 20))
+    yield sb
+    sb.close()
+
+
+def test_a_large_legal_diff_is_fast(roomy_sandbox):
+    sandbox = roomy_sandbox
     sandbox.exec("head -c 30000000 /dev/urandom | base64 -w 100 > data.txt && mkdir many && cd many && "
                  "seq 5000 | xargs touch && echo edit >> ../README.md 2>/dev/null; true", timeout=120)
     start = time.monotonic()

@@ -5,8 +5,9 @@ Standard library only (the container's own ``/usr/bin/python3``, any release fro
 the host's ``sandboxes/gitops.py`` (and what it imports), mounted next to it as the package
 ``pgrt``. The diff is taken against the pristine tree's git directory, root's only; the stat of
 every file as the server copied it into /testbed (``/var/lib/patchgym/stats``) lets an unchanged
-file keep its pristine blob without being read. Prints one JSON object: ``{"diff": ...}`` or
-``{"error": kind, "message": ...}``.
+file keep its pristine blob without being read. Prints ``D`` and the diff as git wrote it (bytes,
+at most LIMIT of them: the host holds no escaped or re-encoded copy), or ``E`` and one JSON
+object, ``{"error": kind, "message": ...}``.
 
     python3 -I -S diff_helper.py LIMIT
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from pgrt.base import SandboxError, WorkspaceError  # noqa: E402
-from pgrt.gitops import Pristine, workspace_diff  # noqa: E402
+from pgrt.gitops import Pristine, workspace_diff_bytes  # noqa: E402
 
 WORKSPACE = Path("/testbed")
 STATE = Path("/var/lib/patchgym")  # root's only: the pristine tree, the stats, the diff's scratch
@@ -49,24 +50,25 @@ def main() -> None:
         pristine = Pristine.load(PRISTINE_GIT)
         load_stats(pristine, STATS.read_bytes())
     except Exception as exc:  # root's own state: reported to the host as the sandbox's failure
-        answer = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
+        answer = b"E" + json.dumps({"error": "internal", "message": f"{type(exc).__name__}: {exc}"}).encode()
     else:
         answer = diff_answer(pristine, limit)
-    sys.stdout.write(json.dumps(answer))
+    sys.stdout.buffer.write(answer)
 
 
-def diff_answer(pristine: Pristine, limit: int) -> dict:
+def diff_answer(pristine: Pristine, limit: int) -> bytes:
     """The diff, or the error: a SandboxError is the sandbox's failure (``internal``); anything
     else raised while reading the workspace came from what the agent left there (``workspace``),
     as on the local backend (``patchgym.gym_envs.repo_env``)."""
     try:
-        return {"diff": workspace_diff(WORKSPACE, pristine, STATE, limit)}
+        return b"D" + workspace_diff_bytes(WORKSPACE, pristine, STATE, limit)
     except WorkspaceError as exc:
-        return {"error": "workspace", "message": str(exc)}
+        error = {"error": "workspace", "message": str(exc)}
     except SandboxError as exc:
-        return {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
+        error = {"error": "internal", "message": f"{type(exc).__name__}: {exc}"}
     except Exception as exc:
-        return {"error": "workspace", "message": f"{type(exc).__name__}: {exc}"[:2000]}
+        error = {"error": "workspace", "message": f"{type(exc).__name__}: {exc}"[:2000]}
+    return b"E" + json.dumps(error).encode()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from patchgym.sandboxes.base import (
 from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, start_container
 from patchgym.sandboxes.docker.pool import WarmPool
 from patchgym.sandboxes.docker.retire import retirements
-from patchgym.sandboxes.gitops import DIFF_LIMIT
 from patchgym.sandboxes.output import DEFAULT_OUTPUT_LIMIT
 from patchgym.sandboxes.wire import ServerError, exec_request, exec_result, server_error
 
@@ -101,10 +100,11 @@ class DockerSandbox(ClosesItself):
                       120)
 
     def diff(self) -> str:
-        answer = json.loads(self._request(b"D", (str(DIFF_LIMIT).encode(),), 600)[0])
-        if "error" in answer:
-            raise self._error(answer["error"], answer["message"])
-        return answer["diff"]
+        answer = self._request(b"D", (str(self.limits.diff_bytes).encode(),), 600)[0]
+        if answer[:1] == b"D":  # the diff as git wrote it (diff_helper.py), decoded without a copy of the bytes
+            return str(memoryview(answer)[1:], "utf-8", "replace")
+        error = json.loads(answer[1:])
+        raise self._error(error["error"], error["message"])
 
     def reset(self) -> None:
         self._request(b"Z", (), 300)

@@ -361,7 +361,7 @@ async def verify(request: Request, response: Response, body: NemoGymVerifyReques
                                      "and no instance_id and patch to grade statelessly")
         instance_id = body.instance_id
         try:
-            report = await service.verify(body.instance_id, body.patch)
+            report = await service.verify(who, body.instance_id, body.patch)
             outcome = Outcome.graded(report.reward, report.swebench_dict())
         except OperationTimeout as exc:
             service.metrics.errors.labels("timeout").inc()
