@@ -22,6 +22,7 @@ from patchgym.cli.common import (
     load_selection,
     out,
     progress_bar,
+    status,
 )
 
 ReleaseOpt = Annotated[str | None, typer.Option(
@@ -78,10 +79,9 @@ def bootstrap(
     tag = images.base_tag(release)
     started = time.monotonic()
     try:
-        with console.status(f"bootstrapping {tag}") as status:
+        with status(f"bootstrapping {tag}"):
             def step(message: str) -> None:
-                console.print(f"[dim]{message}[/]", highlight=False)
-                status.update(message)
+                console.print(message, style="dim", markup=False, highlight=False)
 
             images.bootstrap_base(release, mirror=mirror, force=force, progress=step)
     except SandboxError as exc:
@@ -154,7 +154,7 @@ def python_archive(
 
     started = time.monotonic()
     try:
-        with console.status(f"packing {prefix}"):
+        with status(f"packing {prefix}"):
             archive = pack_installation(prefix.expanduser(), output.expanduser())
     except PackError as exc:
         fail(str(exc))

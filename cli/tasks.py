@@ -28,7 +28,9 @@ from patchgym.cli.common import (
     make_verifier,
     out,
     progress_bar,
+    rule,
     split_ids,
+    status,
 )
 
 if TYPE_CHECKING:
@@ -78,14 +80,14 @@ def show(instance_id: str, tasks: TasksOpt = None,
     if as_json:
         out.print_json(json.dumps(task.to_row()))
         return
-    out.rule(f"[bold]{task.instance_id}")
+    rule(task.instance_id)
     out.print(f"repo: {task.repo}   base_commit: {task.base_commit}   version: {task.version}   "
               f"created_at: {task.created_at}")
     out.print(f"environment: python {task.environment.python}; packages: {', '.join(task.environment.packages) or '-'}")
     out.print(f"test command: {task.test_spec.command}")
     out.print(f"FAIL_TO_PASS ({len(task.FAIL_TO_PASS)}): " + ", ".join(task.FAIL_TO_PASS))
     out.print(f"PASS_TO_PASS: {len(task.PASS_TO_PASS)} tests")
-    out.rule("problem statement")
+    rule("problem statement")
     out.print(task.problem_statement, markup=False, highlight=False)
 
 
@@ -244,7 +246,7 @@ def _auto_environments(tasks: list[Task], backend: str, isolation: str, limit: i
     failures: dict[str, str] = {}
     lines: list[str] = []
     for n, task in enumerate(tasks, 1):
-        with console.status(f"choosing an environment for {task.instance_id} ({n}/{len(tasks)})…"):
+        with status(f"choosing an environment for {task.instance_id} ({n}/{len(tasks)})…"):
             choice = auto_task(task, factory, limit=limit, selection=selection)
         for attempt in choice.found.attempts if choice.found else ():
             mark = "[green]collected[/]" if attempt.ok else escape(attempt.reason)

@@ -34,6 +34,7 @@ from patchgym.gym_envs.spaces import ToolCalls, UnicodeText
 from patchgym.gym_envs.tools import StrReplaceEditor, ToolError
 from patchgym.sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
 from patchgym.sandboxes.base import usage_of
+from patchgym.sandboxes.phases import phase
 from patchgym.tasks.backends import sandbox_factory
 from patchgym.tasks.catalog import TaskSet
 from patchgym.tasks.model import Task
@@ -154,7 +155,8 @@ class RepoEnv(gym.Env[str, Any]):
         self._done = False
         self._start_error = None
         try:
-            self.sandbox = self._factory(self.task)
+            with phase(f"{self.task.instance_id}: sandbox start"):  # said in a log when it takes long
+                self.sandbox = self._factory(self.task)
             self.editor = StrReplaceEditor(self.sandbox, max_output_chars=self.output_limit)
             workdir = self.sandbox.workdir
             observation = task_briefing(self.task, workdir)
