@@ -38,10 +38,47 @@ def test_eval_gold_writes_swebench_reports_and_resumes(calc_tasks_file, tmp_path
     forced = run("eval", "--predictions", "gold", "--tasks", str(calc_tasks_file), "--output", str(out), "--force")
     assert json.loads((out / "report.json").read_text())["resumed_ids"] == []
     assert forced.exit_code == 0
-    changed = run("eval", "--predictions", "empty", "--tasks", str(calc_tasks_file), "--output", str(out))
+    preds = tmp_path / "gold.jsonl"  # the same patch from a file: other predictions, refused
+    preds.write_text(json.dumps({"instance_id": "fixture__calc-1", "model_name_or_path": "m",
+                                 "model_patch": instance_patch(out)}) + "\n")
+    other = run("eval", "--predictions", str(preds), "--tasks", str(calc_tasks_file), "--output", str(out))
+    assert other.exit_code == 2 and "holds an evaluation with other settings" in other.output
+
+
+def instance_patch(out, instance_id="fixture__calc-1") -> str:
+    return (out / instance_id / "patch.diff").read_text()
+
+
+def test_eval_refuses_a_directory_of_other_predictions(calc_repo, tmp_path):
+    """The issue's case: gold on two tasks, then the empty patches on one of them into the same
+    directory used to leave a report of one task beside the other's stale gold result."""
+    from conftest import calc_task_row
+
+    repo, info = calc_repo
+    tasks = tmp_path / "two.jsonl"
+    tasks.write_text("".join(json.dumps(calc_task_row(repo, info, instance_id=i)) + "\n" for i in ("c-1", "c-2")))
+    out = tmp_path / "D"
+    first = run("eval", "--predictions", "gold", "--tasks", str(tasks), "--instance-ids", "c-1,c-2", "--output", str(out))
+    assert first.exit_code == 0, first.output
+    (out / "notes.txt").write_text("mine")  # the user's own file: never removed
+    refused = run("eval", "--predictions", "empty", "--tasks", str(tasks), "--instance-ids", "c-1", "--output", str(out))
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert "other settings" in refused.output and "--force" in refused.output
+    assert json.loads((out / "report.json").read_text())["resolved_ids"] == ["c-1", "c-2"], "left as it was"
+    forced = run("eval", "--predictions", "empty", "--tasks", str(tasks), "--instance-ids", "c-1", "--output", str(out),
+                 "--force")
+    assert forced.exit_code == 0, forced.output
     report = json.loads((out / "report.json").read_text())
-    assert changed.exit_code == 0 and report["resumed_ids"] == [], "a changed prediction is graded again"
-    assert report["empty_patch_ids"] == ["fixture__calc-1"]
+    assert report["total_ids"] == ["c-1"] and report["empty_patch_ids"] == ["c-1"]
+    assert not (out / "c-2").exists(), "the replaced evaluation's results are gone"
+    assert (out / "notes.txt").read_text() == "mine"
+    # the same predictions and settings resume, whatever the selection
+    again = run("eval", "--predictions", "empty", "--tasks", str(tasks), "--output", str(out))
+    assert again.exit_code == 0 and json.loads((out / "report.json").read_text())["resumed_ids"] == ["c-1"]
+    # a directory of a run, or of an evaluation that recorded no settings, is not taken over either
+    (out / "eval.json").unlink()
+    unknown = run("eval", "--predictions", "empty", "--tasks", str(tasks), "--output", str(out))
+    assert unknown.exit_code == 2 and "did not record its settings" in unknown.output
 
 
 def test_eval_empty_and_a_predictions_file(calc_tasks_file, tmp_path):
