@@ -178,6 +178,88 @@ def test_a_bad_key_or_unknown_model_is_a_model_error_not_a_retry(fake, calc_task
     assert model.calls == 1
 
 
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # bound, never listening: connections to it are refused
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli_run(base_url: str, out: Path, tasks: Path, *extra: str, model: str = "scripted"):
+    import time
+
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["run", "--model", model, "--base-url", base_url, "--output", str(out),
+                                      "--tasks", str(tasks), "--retries", "4", *extra])
+    return result, time.monotonic() - started
+
+
+def test_a_dead_or_mistyped_endpoint_ends_the_run_at_once(fake, calc_tasks_file, tmp_path, monkeypatch):
+    """Before: each task spent ~10 s on 5 attempts, ended masked, and the command exited 0; the
+    cause (no scheme: httpx's UnsupportedProtocol) was only inside trajectories.jsonl."""
+    cases = {"closed port": (f"http://127.0.0.1:{closed_port()}/v1", "cannot reach"),
+             "no scheme": ("127.0.0.1:18431", "is not an http:// or https:// URL"),
+             "not a URL": ("http://[::1", "not a URL")}
+    for name, (url, message) in cases.items():
+        result, seconds = cli_run(url, tmp_path / name, calc_tasks_file)
+        assert result.exit_code == 2, (name, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], (name, result.output)
+        assert seconds < 5, (name, seconds)
+        assert not (tmp_path / name / "trajectories.jsonl").exists(), "no episode started"
+    fake.models, fake.key = ["scripted"], "sk-right"
+    monkeypatch.setenv("KEY", "sk-wrong")
+    result, _ = cli_run(fake.url, tmp_path / "key", calc_tasks_file, "--api-key-env", "KEY")
+    assert result.exit_code == 2 and "refused the API key (401)" in result.output, result.output
+    monkeypatch.setenv("KEY", "sk-right")
+    result, _ = cli_run(fake.url, tmp_path / "model", calc_tasks_file, "--api-key-env", "KEY", model="nope")
+    assert result.exit_code == 2 and "does not serve the model 'nope' (it serves scripted)" in result.output, \
+        result.output
+    result, _ = cli_run(fake.url.removesuffix("/v1"), tmp_path / "root", calc_tasks_file, "--api-key-env", "KEY")
+    assert result.exit_code == 2 and "answered 404 (is --base-url the API root" in result.output, result.output
+    # one chat completion in all, a token's worth: for a model /models does not list (a proxy may serve more)
+    assert [(r["model"], r["max_tokens"]) for r in fake.requests] == [("nope", 1)]
+
+
+def test_an_endpoint_without_a_model_list_is_checked_with_one_token(fake, calc_tasks_file, calc_task, tmp_path):
+    fake.default = oracle(calc_task.patch)
+    result, _ = cli_run(fake.url, tmp_path / "ok", calc_tasks_file)
+    assert result.exit_code == 0 and "resolved 1/1" in result.output, result.output
+    assert fake.requests[0]["max_tokens"] == 1 and len(fake.requests) == 3  # the probe, then the episode
+    assert "no price given" in result.output and "$0.0000" not in result.output
+
+
+def test_a_run_whose_episodes_all_fail_the_same_way_stops(fake, calc_tasks_file, tmp_path):
+    """The endpoint lists the model but every completion fails: after the first episodes, all
+    masked for the same model error, the run stops with one line and exit status 1."""
+    row = json.loads(calc_tasks_file.read_text().splitlines()[0])
+    tasks = tmp_path / "six.jsonl"
+    tasks.write_text("".join(json.dumps({**row, "instance_id": f"c-{i}"}) + "\n" for i in range(6)))
+    fake.models = ["scripted"]
+    fake.default = [Turn(failures=999, status=503, error="overloaded")]
+    result, _ = cli_run(fake.url, tmp_path / "run", tasks, "--retries", "0")
+    assert result.exit_code == 1, result.output
+    assert "error: stopped: the first 3 episodes were all masked for the same model error: the model " \
+           "answered 503" in " ".join(result.output.split())
+    assert len(lines(tmp_path / "run")) == 3 and (tmp_path / "run" / "report.html").exists()
+
+
+def test_endpoint_down_needs_the_same_model_error_from_the_start():
+    from patchgym.rollouts.run import endpoint_down
+
+    def masked(reason, end="model_error"):
+        return {"outcome": "masked", "end_reason": end, "mask_reason": reason}
+
+    refused = masked("cannot reach the model at http://h:1/v1: ConnectError: [Errno 111] refused (after 5 attempts)")
+    assert endpoint_down([refused] * 3, 3) == refused["mask_reason"]
+    assert endpoint_down([refused] * 2, 3) is None
+    assert endpoint_down([masked("the model answered 503: {id: 1}"), masked("the model answered 503: {id: 2}")], 2)
+    assert endpoint_down([refused, masked("the model answered 503: x"), refused], 3) is None
+    assert endpoint_down([refused, {"outcome": "unresolved", "end_reason": "submitted"}, refused], 3) is None
+    assert endpoint_down([refused, masked("sandbox broke", "environment_error"), refused], 3) is None
+
+
 def test_exports_keep_resolved_episodes_only_unless_asked(fake, two_tasks, calc_task, tmp_path):
     fake.scripts = {}
     fake.default = oracle(calc_task.patch)
