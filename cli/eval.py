@@ -74,11 +74,11 @@ def eval_predictions(
     # What a resumed evaluation in --output must share with the one there (grading.evaluation.claim_output).
     settings = {"predictions": predictions if predictions in (GOLD, EMPTY) else str(Path(predictions).resolve()),
                 "tasks": str(tasks.expanduser().resolve()) if tasks else everything.origin, "backend": backend}
+    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
     try:
         claim_output(output, settings, replace=force)
     except EvalDirError as exc:
         fail(str(exc))
-    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
     counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
     say_on_interrupt(f"finishing the instances under way; rerun the same command to resume (graded instances "
                      f"are kept in {output})")
