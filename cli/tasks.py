@@ -57,19 +57,35 @@ def _filtered(task_set: TaskSet, where: list[str] | None, sample: int | None, se
         fail(str(exc), code=2)
 
 
-def list_tasks(tasks: TasksOpt = None, where: WhereOpt = None, sample: SampleOpt = None, seed: SeedOpt = 0) -> None:
-    """List the tasks of a task set, with what a curriculum filters on (--where, --sample)."""
+def list_tasks(tasks: TasksOpt = None, where: WhereOpt = None, sample: SampleOpt = None, seed: SeedOpt = 0,
+               as_json: Annotated[bool, typer.Option(
+                   "--json", help="Print a JSON array: each task's id, repository, title and what --where "
+                                  "filters on.")] = False) -> None:
+    """List the tasks of a task set, with what a curriculum filters on (--where, --sample). Nothing
+    listed (--where matched no task) is exit status 1."""
     from patchgym.tasks.catalog import difficulty
 
-    task_set = _filtered(load_tasks(tasks), where, sample, seed)
+    everything = load_tasks(tasks)
+    task_set = _filtered(everything, where, sample, seed)
+    rows = []
+    for t in task_set:
+        title = t.problem_statement.strip().splitlines()[0] if t.problem_statement.strip() else ""
+        rows.append({"instance_id": t.instance_id, **difficulty(t), "title": title})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+    if not rows:
+        console.print(f"no task of {everything.origin} ({len(everything)}) matches "
+                      + " and ".join(f"--where {w!r}" for w in where or ()) if where else "no tasks",
+                      markup=False, highlight=False)
+        raise typer.Exit(1)
+    if as_json:
+        return
     table = Table(title=f"{len(task_set)} tasks ({task_set.origin})")
     for col in ("instance_id", "repo", "kind", "lines", "FAIL_TO_PASS", "PASS_TO_PASS", "title"):
         table.add_column(col, overflow="fold")
-    for t in task_set:
-        title = t.problem_statement.strip().splitlines()[0] if t.problem_statement.strip() else ""
-        d = difficulty(t)
-        table.add_row(t.instance_id, t.repo, str(d["kind"]), str(d["changed_lines"]), str(len(t.FAIL_TO_PASS)),
-                      str(len(t.PASS_TO_PASS)), title[:70])
+    for row in rows:
+        table.add_row(row["instance_id"], row["repo"], str(row["kind"]), str(row["changed_lines"]),
+                      str(row["broken_tests"]), str(row["passing_tests"]), row["title"][:70])
     out.print(table)
 
 

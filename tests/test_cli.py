@@ -156,6 +156,19 @@ def test_tasks_list_show_and_validate(calc_tasks_file):
     assert "1/1 tasks valid" in validated.output
 
 
+def test_tasks_list_as_json_and_a_filter_that_matches_nothing(calc_tasks_file):
+    listed = run("tasks", "list", "--tasks", str(calc_tasks_file), "--json")
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    assert row["instance_id"] == "fixture__calc-1" and row["repo"] and row["broken_tests"] == 1 and row["title"]
+    assert set(row) >= {"kind", "changed_lines", "changed_files", "passing_tests"}
+    none = run("tasks", "list", "--tasks", str(calc_tasks_file), "--where", "broken_tests>5")
+    assert none.exit_code == 1 and "no task of" in none.output and "matches --where 'broken_tests>5'" in none.output
+    assert "┃" not in none.output, "no empty table"
+    assert json.loads(run("tasks", "list", "--tasks", str(calc_tasks_file), "--json", "--where",
+                          "broken_tests>5").stdout) == []
+
+
 def test_validate_flags_a_broken_task(calc_repo, tmp_path):
     from conftest import calc_task_row
 
