@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -32,6 +31,7 @@ from patchgym.grading.cost import EpisodeCost, Prices, summarize
 from patchgym.gym_envs.repo_env import RepoEnv
 from patchgym.rollouts.loop import Episode, run_episode
 from patchgym.rollouts.model import ChatModel, ModelConfig
+from patchgym.rollouts.stats import wilson
 from patchgym.tasks.catalog import TaskSet
 
 log = logging.getLogger(__name__)
@@ -216,23 +216,18 @@ def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: di
         "cost_usd": round(sum(t["cost_usd"] for t in done), 6),
         "wall_seconds": round(sum(t["wall_seconds"] for t in done), 3),
         "steps_total": sum(t["steps"] for t in done),
+        # the model's slips: refused tool calls and turns with none it could read (episodes before
+        # these were counted have none)
+        "invalid_calls_total": sum(t.get("invalid_calls") or 0 for t in done),
+        "format_errors_total": sum(t.get("format_errors") or 0 for t in done),
         # every episode's environment cost, masked ones too: the machine spent it
         "cost": summarize([EpisodeCost.from_dict(t["cost"]) for t in done if t.get("cost")], prices),
-        "instances": [{k: t.get(k) for k in ("instance_id", "outcome", "grading_outcome", "end_reason", "reward",
-                                              "steps", "turns", "wall_seconds", "tokens_in", "tokens_out", "cost_usd",
-                                              "cost", "mask_reason")} for t in done],
+        "instances": [{"repo": task_set.get(t["instance_id"]).repo,
+                       **{k: t.get(k) for k in ("instance_id", "outcome", "grading_outcome", "end_reason", "reward",
+                                                "steps", "turns", "invalid_calls", "format_errors", "wall_seconds",
+                                                "tokens_in", "tokens_out", "cost_usd", "cost", "mask_reason")}}
+                      for t in done],
     }
-
-
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95% by default): sound at 0/n and n/n, unlike the
-    normal approximation."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def endpoint_down(episodes: list[dict[str, Any]], needed: int) -> str | None:

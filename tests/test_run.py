@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from patchgym.cli import app
 from patchgym.rollouts.export import export_trajectories
 from patchgym.rollouts.model import ChatModel, ModelConfig, ModelError
-from patchgym.rollouts.run import RunDirError, RunOptions, run_model, wilson
+from patchgym.rollouts.run import RunDirError, RunOptions, run_model
+from patchgym.rollouts.stats import wilson
 from patchgym.tasks.catalog import load_task_set
 from tests.fake_openai import FakeModel, Turn, call
 from tests.serving import serve
@@ -100,6 +101,9 @@ def test_no_op_and_malformed_calls(fake, two_tasks, calc_task, tmp_path):
     fake.default = [call("bash", "{not json"), call("python", {"code": "1"}), *oracle(calc_task.patch)]
     report = run(fake, two_tasks, tmp_path / "b", [TASK])
     assert report["resolved"] == 1
+    # both refused calls counted, per episode and in all; the row names the task's repository
+    assert report["instances"][0]["invalid_calls"] == 2 == report["invalid_calls_total"]
+    assert report["instances"][0]["format_errors"] == 0 and report["instances"][0]["repo"] == "fixture/calc"
     tool_outputs = [m["content"] for m in lines(tmp_path / "b" / "run")[TASK]["messages"] if m["role"] == "tool"]
     assert "JSON" in tool_outputs[0] and "unknown tool 'python'" in tool_outputs[1]
 
@@ -145,6 +149,7 @@ def test_text_fallback_for_a_model_without_tool_calling(fake, calc_tasks_file, c
                     Turn(text=f"```bash\n{patch_cmd}\n```"), Turn(text="```bash\nsubmit\n```")]
     report = run(fake, calc_tasks_file, tmp_path)  # --tool-mode auto: refused tools, went on in text
     assert report["resolved"] == 1 and report["instances"][0]["steps"] == 3
+    assert report["instances"][0]["format_errors"] == 1 == report["format_errors_total"]  # "No block here."
     line = lines(tmp_path / "run")[TASK]
     assert line["tool_mode"] == "text" and "fenced shell block" in line["messages"][0]["content"]
     assert "__init__.py" in line["messages"][3]["content"]  # ls's output came back as a user message
@@ -371,3 +376,23 @@ def test_no_turn_starts_after_the_deadline(fake, calc_tasks_file, calc_task):
     finally:
         env.close()
     assert episode.end_reason == "time_limit" and episode.outcome == "unresolved" and episode.turns < 1000
+
+
+def test_the_paired_interval_of_two_runs():
+    """Newcombe's interval for paired proportions (his method 10) on his example's counts, and its
+    edges: identical runs, one run resolving everything the other does not, no pairs."""
+    from patchgym.rollouts.stats import paired_difference
+
+    a = [True] * 12 + [True] * 9 + [False] * 2 + [False] * 21
+    b = [True] * 12 + [False] * 9 + [True] * 2 + [False] * 21
+    p = paired_difference(a, b)
+    assert (p.n, p.both, p.only_a, p.only_b, p.neither) == (44, 12, 9, 2, 21)
+    assert p.difference == pytest.approx(7 / 44) and p.ci95 == pytest.approx((0.0182, 0.2892), abs=1e-4)
+    same = paired_difference(a, a)
+    assert same.difference == 0 and same.ci95[0] < 0 < same.ci95[1]
+    assert same.ci95[1] - same.ci95[0] < p.ci95[1] - p.ci95[0], "no discordant pair: a narrow interval"
+    all_a = paired_difference([True] * 20, [False] * 20)
+    assert all_a.difference == 1 and 0.7 < all_a.ci95[0] < 1 and all_a.ci95[1] == 1
+    assert paired_difference([], []).ci95 == (-1.0, 1.0)
+    with pytest.raises(ValueError):
+        paired_difference([True], [])
