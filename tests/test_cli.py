@@ -182,3 +182,30 @@ def test_validate_flags_a_broken_task(calc_repo, tmp_path):
     assert result.exit_code == 1
     text = " ".join(result.output.split())
     assert "resolved with no change" in text and "0/1 tasks valid" in text
+
+
+def test_the_readme_quick_start_makes_a_venv_and_its_table_names_every_command():
+    """The quick start works on a stock Debian/Ubuntu Python (PEP 668 refuses pip outside a venv),
+    and the command table lists every command the command line has."""
+    import re
+    from pathlib import Path
+
+    import typer
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    first = re.search(r"```bash\n(.*?)```", quick, re.S).group(1)
+    assert "python3-venv" in first and "python3 -m venv" in first and ". .venv/bin/activate" in first
+    assert first.index("python3 -m venv") < first.index("pip install")
+    table = readme.split("## What is here", 1)[1].split("\n\n", 2)[1]
+    cells = [line.split(" | ", 1)[0] for line in table.splitlines() if line.startswith("| `patchgym")]
+
+    def listed(words: list[str]) -> bool:
+        head, last = " ".join(["patchgym", *words[:-1]]), words[-1]
+        return any(re.search(rf"`{re.escape(head)} [^`]*\b{re.escape(last)}\b", cell) for cell in cells)
+
+    tree = typer.main.get_command(app)
+    commands = [[name] if not hasattr(cmd, "commands") else [name, sub]
+                for name, cmd in tree.commands.items() for sub in (getattr(cmd, "commands", None) or [None])]
+    missing = [" ".join(c) for c in commands if not listed(c)]
+    assert len(commands) > 20 and missing == []
