@@ -210,7 +210,7 @@ class LineProgress:
     take long (:mod:`patchgym.sandboxes.phases`: after ``phase_after`` seconds, then every
     ``phase_every``), so that minutes of a build or a test run are not minutes of silence."""
 
-    def __init__(self, interval: float = 2.0, *, phase_after: float = 10.0, phase_every: float = 60.0) -> None:
+    def __init__(self, interval: float = 2.0, *, phase_after: float = 30.0, phase_every: float = 60.0) -> None:
         self.interval = interval
         self.phase_after, self.phase_every = phase_after, phase_every
         self.tasks: dict[int, dict[str, Any]] = {}

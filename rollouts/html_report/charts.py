@@ -112,7 +112,9 @@ def histogram(chart_id: str, title: str, rows: Sequence[dict], value: Callable[[
     if tail:
         chart.xlabels.append((f"{left + plot_w:.1f}", "…"))
     p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-    chart.summary = f"median {fmt(statistics.median(ordered))} · p90 {fmt(p90)} · max {fmt(vmax)}"
+    median = statistics.median(ordered)
+    median = int(median) if integer and float(median).is_integer() else median
+    chart.summary = f"median {fmt(median)} · p90 {fmt(p90)} · max {fmt(vmax)}"
     return chart
 
 
