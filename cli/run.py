@@ -110,7 +110,7 @@ def run(
             stopped = str(exc)
     html = write_report(output)
     if stopped:
-        fail(f"{stopped} (partial report: {html})", code=1)
+        fail(f"{stopped}; fix the endpoint and rerun the same command to go on (partial report: {html})", code=1)
     rate = "n/a" if report["resolved_rate"] is None else f"{report['resolved_rate']:.1%}"
     ci = "" if not report["ci95"] else f" (95% CI {report['ci95'][0]:.1%}–{report['ci95'][1]:.1%})"
     spent = f"${report['cost_usd']:.4f}" if priced else "no price given (--price-in/--price-out)"
