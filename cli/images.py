@@ -22,6 +22,7 @@ from patchgym.cli.common import (
     load_selection,
     out,
     progress_bar,
+    say_on_interrupt,
     status,
 )
 
@@ -78,6 +79,7 @@ def bootstrap(
     images = _images()
     tag = images.base_tag(release)
     started = time.monotonic()
+    say_on_interrupt("nothing half-built is kept: rerun the same command to start again")
     try:
         with status(f"bootstrapping {tag}"):
             def step(message: str) -> None:
@@ -103,6 +105,7 @@ def build(
     _, task_set = load_selection(tasks, instance_ids)
     images = _images()
     counts = {"built": 0, "cached": 0, "failed": 0}
+    say_on_interrupt("images built so far are kept: rerun the same command to go on")
     rows: list[tuple[str, str, str]] = []
     with progress_bar() as progress:
         bar = progress.add_task("building images", total=len(task_set), status="")

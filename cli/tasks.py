@@ -29,6 +29,7 @@ from patchgym.cli.common import (
     out,
     progress_bar,
     rule,
+    say_on_interrupt,
     split_ids,
     status,
 )
@@ -137,6 +138,8 @@ def validate(
     """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
     task_set = load_tasks(tasks, instance_ids)
     verifier = make_verifier(backend, isolation, ray_address, ray_sandbox)
+    say_on_interrupt("a validation keeps no partial results: rerun the same command to start it again "
+                     "(environments built so far are cached)")
     results = validate_with_progress(task_set, verifier, runs=runs, workers=workers, failed_word="problem(s)")
     table = Table(title="task validation")
     for col in ("instance_id", "gold", "empty", "flaky", "seconds", "verdict"):
@@ -198,6 +201,8 @@ def import_swebench(
 
     if selection not in ("files", "ids"):
         fail(f"--selection: expected 'files' or 'ids', got {selection!r}", code=2)
+    say_on_interrupt(f"nothing is written to {output} before the end: rerun the same command to start again "
+                     f"(environments built so far are cached)")
     try:
         result = import_swebench(file, repos=repos, output=output, specs_path=specs,
                                  selection="ids" if selection == "ids" else "files")

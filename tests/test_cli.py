@@ -124,6 +124,8 @@ def test_instance_ids_select_from_a_larger_predictions_file(calc_repo, tmp_path)
     out = tmp_path / "o"
     result = run("eval", "--predictions", str(preds), "--tasks", str(tasks), "--instance-ids", "c-2", "--output", str(out))
     assert result.exit_code == 0, result.output
+    # SWE-bench's model_name_or_path is missing: said, not silently "unknown"
+    assert "1 prediction(s) have no model_name_or_path (SWE-bench's field), e.g. c-2" in " ".join(result.output.split())
     report = json.loads((out / "report.json").read_text())
     assert report["total_ids"] == ["c-2"] and report["submitted_ids"] == ["c-2"]
 
