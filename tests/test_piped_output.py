@@ -5,6 +5,7 @@ environment build as they start, an honest rate, and one line on Ctrl-C saying h
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import signal
@@ -139,3 +140,68 @@ def test_long_steps_are_said_once_they_take_long(monkeypatch):
 def _no_leftover_phases():
     yield
     phases._active.clear()
+
+
+def _interrupt(*args: object, **kwargs: object) -> None:
+    """Ctrl-C where the command's long work starts (SIGINT to this process, as a terminal sends it)."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)  # the handler raises in here
+    raise AssertionError("SIGINT was not handled")
+
+
+def _no_endpoint_check(config: object) -> None:
+    return None
+
+
+LONG_COMMANDS = {  # args, what to replace (the last one is where the work starts), what Ctrl-C says
+    "run": (["run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--output", "{out}", "--tasks", "{tasks}"],
+            {"patchgym.rollouts.model.check_endpoint": _no_endpoint_check, "patchgym.rollouts.run.run_model": _interrupt},
+            "finishing the episodes under way; rerun the same command to resume (finished episodes are kept in {out})"),
+    "tasks validate": (["tasks", "validate", "--tasks", "{tasks}"],
+                       {"patchgym.cli.tasks.validate_with_progress": _interrupt},
+                       "a validation keeps no partial results: rerun the same command to start it again "
+                       "(environments built so far are cached)"),
+    "tasks import-swebench": (["tasks", "import-swebench", "{tasks}", "--repos", "{out}", "--output", "{out}/t.jsonl"],
+                              {"patchgym.tasks.swebench_io.import_swebench": _interrupt},
+                              "nothing is written to {out}/t.jsonl before the end: rerun the same command to start "
+                              "again (environments built so far are cached)"),
+    "images build": (["images", "build", "--tasks", "{tasks}"],
+                     {"patchgym.cli.images._images": lambda: None, "patchgym.cli.images.progress_bar": _interrupt},
+                     "images built so far are kept: rerun the same command to go on"),
+    "images bootstrap": (["images", "bootstrap"],
+                         {"patchgym.cli.images._images": lambda: _FakeImages()},
+                         "nothing half-built is kept: rerun the same command to start again"),
+}
+
+
+class _FakeImages:
+    base_tag = staticmethod(lambda release: f"patchgym/base:{release}")
+    bootstrap_base = staticmethod(_interrupt)
+
+
+@pytest.mark.parametrize("command", LONG_COMMANDS)
+def test_ctrl_c_says_how_to_go_on_for_every_long_command(command, calc_tasks_file, tmp_path, monkeypatch, capsys):
+    """The console script's SIGINT handler says, in one line and at once, what the command keeps
+    and how to go on; exit status 130. (The piped eval above does it for real; mine and synth say
+    their own line.)"""
+    from patchgym.cli.app import main
+
+    args, replaced, hint = LONG_COMMANDS[command]
+    fill = {"out": str(tmp_path / "out"), "tasks": str(calc_tasks_file)}
+    (tmp_path / "out").mkdir()
+    for target, value in replaced.items():
+        monkeypatch.setattr(target, value)
+    monkeypatch.setattr(sys, "argv", ["patchgym", *(a.format(**fill) for a in args)])
+    handler, phase_log = signal.getsignal(signal.SIGINT), logging.getLogger("patchgym.phase")
+    saved = phase_log.handlers[:], phase_log.propagate, phase_log.level
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main()
+    finally:  # main() set these up for the process it expects to be
+        signal.signal(signal.SIGINT, handler)
+        common._interrupt_hint.clear()
+        phase_log.handlers[:], phase_log.propagate, phase_log.level = saved
+    err = capsys.readouterr().err
+    assert exited.value.code == 130, err
+    assert [line for line in err.splitlines() if line.startswith("interrupted")] == [
+        f"interrupted: {hint.format(**fill)}"], err
