@@ -248,6 +248,11 @@ def test_a_run_whose_episodes_all_fail_the_same_way_stops(fake, calc_tasks_file,
     assert "error: stopped: the first 3 episodes were all masked for the same model error: the model " \
            "answered 503" in " ".join(result.output.split())
     assert len(lines(tmp_path / "run")) == 3 and (tmp_path / "run" / "report.html").exists()
+    # too few episodes to stop early, and none scored: still not a success
+    result, _ = cli_run(fake.url, tmp_path / "one", calc_tasks_file, "--retries", "0")
+    assert result.exit_code == 1, result.output
+    assert "error: no episode could be scored: all 1 masked (first: the model answered 503" in \
+        " ".join(result.output.split())
 
 
 def test_endpoint_down_needs_the_same_model_error_from_the_start():
