@@ -65,6 +65,9 @@ def main() -> None:
     said: list[str] = []
 
     def interrupted(signum: int, frame: object) -> None:
+        from patchgym.sandboxes.phases import stop
+
+        stop()  # the work under way finishes, but builds start no further step
         hint = interrupt_hint()
         if hint and not said:
             said.append(hint)

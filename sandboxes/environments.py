@@ -34,7 +34,7 @@ from patchgym.sandboxes.installer import installer_choice, uv_executable, uv_ins
 from patchgym.sandboxes.lifetime import run_checked
 from patchgym.sandboxes.locks import file_lock
 from patchgym.sandboxes.paths import cache_dir
-from patchgym.sandboxes.phases import phase
+from patchgym.sandboxes.phases import phase, stopping
 from patchgym.sandboxes.reaper import owned_name, staging_path
 
 log = logging.getLogger(__name__)
@@ -301,6 +301,8 @@ def ensure_environment(
         steps = iter(range(1, count + 1))
 
         def step(what: str) -> AbstractContextManager[None]:
+            if stopping():  # Ctrl-C: no further step (the attempt is left for the next builder to remove)
+                raise EnvironmentBuildError(f"environment {key} was not built: interrupted before {_one_line(what)}")
             return phase(f"building environment {key[:12]} (python {interpreter.version}): step {next(steps)}/"
                          f"{count}: {_one_line(what)}", announce=True)
 

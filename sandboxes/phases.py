@@ -6,6 +6,10 @@ rare, and long) is said as it starts, on the ``patchgym.phase`` logger. The othe
 starting, the tests running) are said only once they have taken long, by whoever polls
 :func:`overdue` (the command line's progress lines), so that 500 quick instances do not fill a log
 with a thousand lines. Only the steps under way are held: nothing grows when nobody polls.
+
+On Ctrl-C the command line calls :func:`stop`: the work under way finishes, but a build starts no
+further step (:func:`stopping`), so that "stops within seconds" holds when the signal came between
+two steps' processes (an environment build's remaining steps can take minutes).
 """
 
 from __future__ import annotations
@@ -31,6 +35,16 @@ class _Phase:
 _active: dict[int, _Phase] = {}
 _lock = threading.Lock()
 _ids = itertools.count()
+_stopping = threading.Event()
+
+
+def stop() -> None:
+    """The process is winding down (Ctrl-C): long work starts no further step."""
+    _stopping.set()
+
+
+def stopping() -> bool:
+    return _stopping.is_set()
 
 
 @contextmanager
