@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import typer
 
 from patchgym.cli import images, nemo_gym, repos, sandboxes, tasks, trajectories
-from patchgym.cli.common import console
+from patchgym.cli.common import console, interrupt_hint, show_phases
 from patchgym.cli.eval import eval_predictions
 from patchgym.cli.report import report
 from patchgym.cli.run import run
@@ -48,13 +49,35 @@ for _name, (_help, _commands) in GROUPS.items():
 
 
 def main() -> None:
-    """The console script: logging as ``PATCHGYM_LOG`` says, and Ctrl-C as exit status 130."""
+    """The console script: logging as ``PATCHGYM_LOG`` says (and the long steps' phases always), and
+    Ctrl-C as exit status 130, said at once in one line with how to resume when the command knows
+    (``common.say_on_interrupt``), before the work under way winds down."""
     from rich.logging import RichHandler
 
+    # On a terminal rich's columns; in a log plain lines (rich pads each record to the console's width).
+    handler = (RichHandler(console=console, show_path=False) if console.is_terminal
+               else logging.StreamHandler(console.file))
+    if not console.is_terminal:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=os.environ.get("PATCHGYM_LOG", "WARNING").upper(), format="%(message)s",
-                        handlers=[RichHandler(console=console, show_path=False)])
+                        handlers=[handler])
+    show_phases()
+    said: list[str] = []
+
+    def interrupted(signum: int, frame: object) -> None:
+        from patchgym.sandboxes.phases import stop
+
+        stop()  # the work under way finishes, but builds start no further step
+        hint = interrupt_hint()
+        if hint and not said:
+            said.append(hint)
+            console.print(f"interrupted: {hint}", markup=False, highlight=False)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
     try:
         app()
     except KeyboardInterrupt:
-        console.print("interrupted")
+        if not said:
+            console.print("interrupted")
         sys.exit(130)

@@ -7,9 +7,13 @@ parsing stay cheap, and a command imports what it drives in its body.
 
 from __future__ import annotations
 
-import math
+import functools
+import logging
 import os
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -31,8 +35,19 @@ BACKENDS = ("local", "docker", "ray")
 DEBIAN_RELEASES = ("bullseye", "bookworm", "trixie")
 DEFAULT_WORKERS = max(1, os.cpu_count() or 1)
 
-console = Console(stderr=True)  # progress, warnings and errors
-out = Console()  # results
+# Where output is a log or a pipe, not a terminal: lines are never wrapped (rich's default there is 80
+# columns: progress lines broken mid-word, ids split in table cells), and tables take the width they need.
+PIPE_WIDTH = 1000
+
+
+def _console(*, stderr: bool) -> Console:
+    terminal = Console(stderr=stderr)
+    return terminal if terminal.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+
+
+console = _console(stderr=True)  # progress, warnings and errors
+out = _console(stderr=False)  # results
+_interrupt_hint: list[str] = []  # what Ctrl-C says at once: how the command resumes (say_on_interrupt)
 
 TasksOpt = Annotated[Path | None, typer.Option("--tasks", help="Task file or directory (default: bundled catalog).")]
 InstanceIdsOpt = Annotated[list[str] | None,
@@ -56,6 +71,38 @@ def fail(message: str, code: int = 2) -> NoReturn:
     text: brackets in it (test ids, pip extras) are printed, not read as rich markup."""
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
+
+
+def say_on_interrupt(hint: str) -> None:
+    """What Ctrl-C makes this command say at once, in one line after ``interrupted:``, before the
+    work under way winds down: how to resume (``rerun the same command ...``). Said by
+    :func:`patchgym.cli.app.main`'s SIGINT handler."""
+    _interrupt_hint[:] = [hint]
+
+
+def interrupt_hint() -> str | None:
+    return _interrupt_hint[0] if _interrupt_hint else None
+
+
+def rule(title: str = "") -> None:
+    """A horizontal rule on ``out``: across the terminal, or a short one in a log (which has no width)."""
+    if out.is_terminal:
+        out.rule(f"[bold]{escape(title)}" if title else "")
+    else:
+        out.print(f"── {title} ──" if title else "─" * 40, markup=False, highlight=False)
+
+
+@contextmanager
+def status(text: str) -> Iterator[Callable[[str], None]]:
+    """A spinner saying ``text`` on a terminal; in a log (where a spinner draws nothing), ``text``
+    as a line. Yields a function that says the next step (the spinner's text, or a line)."""
+    if console.is_terminal:
+        with console.status(escape(text)) as spinner:
+            yield lambda step: spinner.update(escape(step))
+        return
+    say = functools.partial(console.print, markup=False, highlight=False)
+    say(text)
+    yield say
 
 
 def prices(core_hour: float | None, gb_hour: float | None) -> Prices:
@@ -155,24 +202,46 @@ def reap(*, docker: bool, every_owner: bool = False, kept: list[str] | None = No
 class LineProgress:
     """rich's ``Progress`` interface (``add_task``, ``update``, a context manager), written as plain
     lines: what long work shows when stderr is a log file or a pipe, where a live bar draws nothing.
-    A line is printed when a task advances, at most every ``interval`` seconds per task (and always
-    for its last item), with the count, the rate, an estimate of the time left, and the status."""
 
-    def __init__(self, interval: float = 2.0) -> None:
+    A line is printed when a task starts and when it advances, at most every ``interval`` seconds
+    per task (and always for its last item), with the count, the rate, an estimate of the time left,
+    and the status. The rate counts only this command's items: a ``resumed`` field (items done by an
+    earlier run, found on disk) is left out of it. Meanwhile a watcher says the steps under way that
+    take long (:mod:`patchgym.sandboxes.phases`: after ``phase_after`` seconds, then every
+    ``phase_every``), so that minutes of a build or a test run are not minutes of silence."""
+
+    def __init__(self, interval: float = 2.0, *, phase_after: float = 30.0, phase_every: float = 60.0) -> None:
         self.interval = interval
+        self.phase_after, self.phase_every = phase_after, phase_every
         self.tasks: dict[int, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def __enter__(self) -> LineProgress:
+        self._watcher = threading.Thread(target=self._watch, name="patchgym-phases", daemon=True)
+        self._watcher.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+
+    def _watch(self) -> None:
+        from patchgym.sandboxes.phases import overdue
+
+        while not self._stop.wait(min(1.0, self.phase_after)):
+            for what, age in overdue(self.phase_after, self.phase_every):
+                console.print(f"  {what}: {age:.0f}s so far", markup=False, highlight=False)
 
     def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
         task_id = len(self.tasks)
-        self.tasks[task_id] = {"description": description, "total": total, "completed": 0.0,
-                               "started": time.monotonic(), "printed": -math.inf, **fields}
-        self.tasks[task_id]["base"] = self.tasks[task_id]["completed"]  # done before (a resumed run): not in the rate
+        now = time.monotonic()
+        task = {"description": description, "total": total, "completed": 0.0, "started": now, "printed": now,
+                **fields}
+        task["base"] = task.pop("resumed", task["completed"])  # done before (a resumed run): not in the rate
+        self.tasks[task_id] = task
+        console.print(self.line(task, now), markup=False, highlight=False)  # at once: the work has started
         return task_id
 
     def update(self, task_id: int, *, advance: float | None = None, completed: float | None = None,
@@ -185,6 +254,8 @@ class LineProgress:
             task["completed"] = completed
         if advance:
             task["completed"] += advance
+        if "resumed" in fields:
+            task["base"] = fields.pop("resumed")
         task.update(fields)
         now = time.monotonic()
         finished = task["total"] is not None and task["completed"] >= task["total"]
@@ -198,12 +269,30 @@ class LineProgress:
         done, total, elapsed = task["completed"], task["total"], now - task["started"]
         count = f"{done:g}/{total:g}" if total is not None else f"{done:g}"
         new = done - task.get("base", 0.0)
-        rate = new / elapsed * 60 if elapsed > 0 else 0.0
-        words = [task["description"], count, f"{elapsed:.0f}s", f"{rate:.1f}/min"]
-        if total is not None and 0 < new and done < total:
-            words.append(f"ETA {(total - done) * elapsed / new:.0f}s")
+        words = [task["description"], count, f"{elapsed:.0f}s"]
+        if new > 0 and elapsed > 0:
+            words.append(f"{new / elapsed * 60:.1f}/min")
+            if total is not None and done < total:
+                words.append(f"ETA {(total - done) * elapsed / new:.0f}s")
+        if task.get("base"):
+            words.append(f"{task['base']:g} resumed")
         status = str(task.get("status") or "")
         return "  ".join(words) + (f"  {status}" if status else "")
+
+
+class _PhaseLines(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        console.print(record.getMessage(), markup=False, highlight=False)
+
+
+def show_phases() -> None:
+    """Show the steps :mod:`patchgym.sandboxes.phases` announces (environment and image builds,
+    step by step) whatever ``PATCHGYM_LOG`` says, as plain lines on the progress console."""
+    logger = logging.getLogger("patchgym.phase")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    if not any(isinstance(h, _PhaseLines) for h in logger.handlers):
+        logger.addHandler(_PhaseLines())
 
 
 def progress_bar() -> Progress | LineProgress:

@@ -20,12 +20,14 @@ from patchgym.cli.common import (
     RaySandboxOpt,
     TasksOpt,
     WorkersOpt,
+    console,
     fail,
     load_selection,
     make_verifier,
     out,
     prices,
     progress_bar,
+    say_on_interrupt,
 )
 
 if TYPE_CHECKING:
@@ -41,14 +43,16 @@ def eval_predictions(
     isolation: IsolationOpt = "auto",
     output: Annotated[Path | None,
                       typer.Option("--output", help="Report directory (default: patchgym-runs/<predictions>).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Re-grade instances that already have a report.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Grade every instance again, replacing what --output holds (even results of other "
+                        "predictions or settings, which are refused otherwise).")] = False,
     ray_address: RayAddressOpt = None,
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
 ) -> None:
     """Grade predictions and write SWE-bench-style reports, with what each instance's grading cost."""
-    from patchgym.grading.evaluation import evaluate
+    from patchgym.grading.evaluation import EvalDirError, claim_output, evaluate
     from patchgym.tasks.model import TaskFileError
     from patchgym.tasks.predictions import EMPTY, GOLD, load_predictions
 
@@ -61,18 +65,35 @@ def eval_predictions(
     preds = {i: p for i, p in preds.items() if i in task_set}
     if not preds:
         fail("no predictions for the selected instances")
+    unnamed = [i for i, p in preds.items() if "model_name_or_path" not in p.model_fields_set]
+    if unnamed:
+        console.print(f"warning: {len(unnamed)} prediction(s) have no model_name_or_path (SWE-bench's field), "
+                      f"e.g. {unnamed[0]}: reported as 'unknown'", markup=False, highlight=False)
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
     output = output or Path("patchgym-runs") / name
+    # What a resumed evaluation in --output must share with the one there (grading.evaluation.claim_output).
+    settings = {"predictions": predictions if predictions in (GOLD, EMPTY) else str(Path(predictions).resolve()),
+                "tasks": str(tasks.expanduser().resolve()) if tasks else everything.origin, "backend": backend}
     verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
+    try:
+        claim_output(output, settings, replace=force)
+    except EvalDirError as exc:
+        fail(str(exc))
     counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
+    say_on_interrupt(f"finishing the instances under way; rerun the same command to resume (graded instances "
+                     f"are kept in {output})")
     with progress_bar() as progress:
         bar = progress.add_task("evaluating", total=len(preds), status="")
+        resumed_count = 0
 
         def done(report: InstanceReport, resumed: bool) -> None:
+            nonlocal resumed_count
             key = ("error" if report.infrastructure_failure else "resolved" if report.resolved
                    else "unresolved" if report.patch_exists else "empty")
             counts[key] += 1
-            progress.update(bar, advance=1, status=" ".join(f"{k} {v}" for k, v in counts.items()))
+            resumed_count += resumed
+            progress.update(bar, advance=1, resumed=resumed_count,
+                            status=" ".join(f"{k} {v}" for k, v in counts.items()))
 
         summary = evaluate(task_set, preds, output, verifier=verifier, workers=workers, force=force, on_done=done)
     report = summary.to_dict()

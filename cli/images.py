@@ -22,6 +22,8 @@ from patchgym.cli.common import (
     load_selection,
     out,
     progress_bar,
+    say_on_interrupt,
+    status,
 )
 
 ReleaseOpt = Annotated[str | None, typer.Option(
@@ -77,11 +79,11 @@ def bootstrap(
     images = _images()
     tag = images.base_tag(release)
     started = time.monotonic()
+    say_on_interrupt("nothing half-built is kept: rerun the same command to start again")
     try:
-        with console.status(f"bootstrapping {tag}") as status:
+        with status(f"bootstrapping {tag}"):
             def step(message: str) -> None:
-                console.print(f"[dim]{message}[/]", highlight=False)
-                status.update(message)
+                console.print(message, style="dim", markup=False, highlight=False)
 
             images.bootstrap_base(release, mirror=mirror, force=force, progress=step)
     except SandboxError as exc:
@@ -103,6 +105,7 @@ def build(
     _, task_set = load_selection(tasks, instance_ids)
     images = _images()
     counts = {"built": 0, "cached": 0, "failed": 0}
+    say_on_interrupt("images built so far are kept: rerun the same command to go on")
     rows: list[tuple[str, str, str]] = []
     with progress_bar() as progress:
         bar = progress.add_task("building images", total=len(task_set), status="")
@@ -154,7 +157,7 @@ def python_archive(
 
     started = time.monotonic()
     try:
-        with console.status(f"packing {prefix}"):
+        with status(f"packing {prefix}"):
             archive = pack_installation(prefix.expanduser(), output.expanduser())
     except PackError as exc:
         fail(str(exc))

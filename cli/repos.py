@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from patchgym.cli.common import BackendOpt, IsolationOpt, console, fail, out
+from patchgym.cli.common import BackendOpt, IsolationOpt, console, fail, out, rule, status
 
 
 def add(
@@ -55,7 +55,7 @@ def add(
             what = "a bundled repository" if taken.bundled else f"already registered ({taken.repo} from {taken.source})"
             fail(f"{name!r} is {what}; pass --force to register this one in its place")
         factory = sandbox_factory(backend, **({"isolation": isolation} if backend == "local" else {}))
-        with console.status(f"reading {path_or_url}…"):
+        with status(f"reading {path_or_url}…"):
             source = git_source.open_source(path_or_url)
             sha = git_source.resolve_rev(source.git_dir, rev)
             with git_source.RepoFiles(source.git_dir, sha) as files:
@@ -80,11 +80,11 @@ def add(
 
     started = time.monotonic()
     try:
-        with console.status(f"checking out {sha[:12]} and building its environment (python {env.python}, "
-                            f"{len(env.packages)} package(s), {len(env.install)} install step(s))…") as status:
+        with status(f"checking out {sha[:12]} and building its environment (python {env.python}, "
+                    f"{len(env.packages)} package(s), {len(env.install)} install step(s))…") as say:
             def build_then_run(task):
                 sandbox = factory(task)
-                status.update(f"running the whole test suite at {sha[:12]}…")
+                say(f"running the whole test suite at {sha[:12]}…")
                 return sandbox
 
             run = probe(record.probe_task(sha), factory=build_then_run)
@@ -106,9 +106,9 @@ def add(
                           highlight=False)
         if not check.ok:
             if not check.collected or not check.passed:
-                out.rule("end of the test output")
+                rule("end of the test output")
                 out.print(check.tail, markup=False, highlight=False)
-                out.rule()
+                rule()
             if not force:
                 hint = ("point --test-cmd at the tests or fix the environment (--install/--package/--python)"
                         if not check.collected else "fix the environment (--install/--package/--python), lower "

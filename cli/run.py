@@ -19,12 +19,14 @@ from patchgym.cli.common import (
     RaySandboxOpt,
     TasksOpt,
     backend_options,
+    console,
     fail,
     load_selection,
     out,
     prices,
     progress_bar,
     reap,
+    say_on_interrupt,
 )
 
 
@@ -59,8 +61,8 @@ def run(
     predictions, a run report and an HTML report in the run directory."""
     from patchgym.rollouts.html_report import write_report
     from patchgym.rollouts.loop import TOOL_MODES
-    from patchgym.rollouts.model import ModelConfig
-    from patchgym.rollouts.run import RunDirError, RunOptions, run_model
+    from patchgym.rollouts.model import EndpointUnusable, ModelConfig, check_endpoint
+    from patchgym.rollouts.run import EndpointDown, RunDirError, RunOptions, run_model
 
     if tool_mode not in TOOL_MODES:
         fail(f"--tool-mode must be one of {', '.join(TOOL_MODES)}")
@@ -74,6 +76,12 @@ def run(
     _, task_set = load_selection(tasks, instance_ids)
     config = ModelConfig(name=model, base_url=base_url, api_key=api_key, temperature=temperature,
                          max_tokens=max_tokens, timeout=model_timeout, retries=retries)
+    try:  # a wrong URL, a closed port, a bad key or an unknown model: now, not an hour of masked episodes later
+        warning = check_endpoint(config)
+    except EndpointUnusable as exc:
+        fail(str(exc))
+    if warning:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
     options = RunOptions(output=output, workers=workers, max_turns=max_turns, max_steps=max_steps,
                          time_limit=time_limit, tool_mode=tool_mode, backend=backend,
                          env_options={"sandbox_options": backend_options(backend, ray_address=ray_address,
@@ -81,23 +89,33 @@ def run(
                          input_per_mtok=price_in, output_per_mtok=price_out,
                          prices=prices(price_core_hour, price_gb_hour))
     reap(docker=backend == "docker")  # what killed runs left (docs/crash_safety.md), as eval does
+    priced = bool(price_in or price_out)
+    say_on_interrupt(f"finishing the episodes under way; rerun the same command to resume (finished episodes "
+                     f"are kept in {output})")
+    stopped = None
     with progress_bar() as progress:
         bar = progress.add_task(model, total=len(task_set), status="")
 
         def done(line: dict, state) -> None:
-            progress.update(bar, completed=state.done, status=(
-                f"resolved {state.resolved}, masked {state.masked}, tokens {state.tokens_in}/{state.tokens_out}, "
-                f"${state.cost_usd:.4f}  last: {line['instance_id']} {line['outcome']} ({line['end_reason']})"))
+            spent = f", ${state.cost_usd:.4f}" if priced else ""
+            progress.update(bar, completed=state.done, resumed=state.resumed, status=(
+                f"resolved {state.resolved}, masked {state.masked}, tokens {state.tokens_in}/{state.tokens_out}"
+                f"{spent}  last: {line['instance_id']} {line['outcome']} ({line['end_reason']})"))
 
         try:
             report = run_model(task_set, config, options, on_episode=done)
         except RunDirError as exc:
             fail(str(exc))
+        except EndpointDown as exc:
+            stopped = str(exc)
     html = write_report(output)
+    if stopped:
+        fail(f"{stopped}; fix the endpoint and rerun the same command to go on (partial report: {html})", code=1)
     rate = "n/a" if report["resolved_rate"] is None else f"{report['resolved_rate']:.1%}"
     ci = "" if not report["ci95"] else f" (95% CI {report['ci95'][0]:.1%}–{report['ci95'][1]:.1%})"
+    spent = f"${report['cost_usd']:.4f}" if priced else "no price given (--price-in/--price-out)"
     out.print(f"resolved {report['resolved']}/{report['scored']} scored = {rate}{ci}; masked {report['masked']}; "
-              f"tokens {report['tokens_in']} in / {report['tokens_out']} out; ${report['cost_usd']:.4f}")
+              f"tokens {report['tokens_in']} in / {report['tokens_out']} out; {spent}", highlight=False)
     cost = report["cost"]
     if cost["usd_per_1k_episodes"] is not None:
         out.print(f"environment per episode: env CPU {cost['env_cpu_seconds_mean']:.3f}s, test CPU "
@@ -105,3 +123,7 @@ def run(
     out.print(f"predictions: {output / 'predictions.jsonl'}  report: {output / 'report.json'}  html: {html}")
     if report["masked"]:
         out.print(f"{report['masked']} masked episode(s) (endpoint or environment failures) run again on a rerun")
+    if report["completed"] and not report["scored"]:
+        first = next((i["mask_reason"] for i in report["instances"] if i.get("mask_reason")), None)
+        fail(f"no episode could be scored: all {report['masked']} masked" + (f" (first: {first[:300]})" if first
+                                                                              else ""), code=1)

@@ -28,7 +28,10 @@ from patchgym.cli.common import (
     make_verifier,
     out,
     progress_bar,
+    rule,
+    say_on_interrupt,
     split_ids,
+    status,
 )
 
 if TYPE_CHECKING:
@@ -55,19 +58,35 @@ def _filtered(task_set: TaskSet, where: list[str] | None, sample: int | None, se
         fail(str(exc), code=2)
 
 
-def list_tasks(tasks: TasksOpt = None, where: WhereOpt = None, sample: SampleOpt = None, seed: SeedOpt = 0) -> None:
-    """List the tasks of a task set, with what a curriculum filters on (--where, --sample)."""
+def list_tasks(tasks: TasksOpt = None, where: WhereOpt = None, sample: SampleOpt = None, seed: SeedOpt = 0,
+               as_json: Annotated[bool, typer.Option(
+                   "--json", help="Print a JSON array: each task's id, repository, title and what --where "
+                                  "filters on.")] = False) -> None:
+    """List the tasks of a task set, with what a curriculum filters on (--where, --sample). Nothing
+    listed (--where matched no task) is exit status 1."""
     from patchgym.tasks.catalog import difficulty
 
-    task_set = _filtered(load_tasks(tasks), where, sample, seed)
+    everything = load_tasks(tasks)
+    task_set = _filtered(everything, where, sample, seed)
+    rows = []
+    for t in task_set:
+        title = t.problem_statement.strip().splitlines()[0] if t.problem_statement.strip() else ""
+        rows.append({"instance_id": t.instance_id, **difficulty(t), "title": title})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+    if not rows:
+        console.print(f"no task of {everything.origin} ({len(everything)}) matches "
+                      + " and ".join(f"--where {w!r}" for w in where or ()) if where else "no tasks",
+                      markup=False, highlight=False)
+        raise typer.Exit(1)
+    if as_json:
+        return
     table = Table(title=f"{len(task_set)} tasks ({task_set.origin})")
     for col in ("instance_id", "repo", "kind", "lines", "FAIL_TO_PASS", "PASS_TO_PASS", "title"):
         table.add_column(col, overflow="fold")
-    for t in task_set:
-        title = t.problem_statement.strip().splitlines()[0] if t.problem_statement.strip() else ""
-        d = difficulty(t)
-        table.add_row(t.instance_id, t.repo, str(d["kind"]), str(d["changed_lines"]), str(len(t.FAIL_TO_PASS)),
-                      str(len(t.PASS_TO_PASS)), title[:70])
+    for row in rows:
+        table.add_row(row["instance_id"], row["repo"], str(row["kind"]), str(row["changed_lines"]),
+                      str(row["broken_tests"]), str(row["passing_tests"]), row["title"][:70])
     out.print(table)
 
 
@@ -78,14 +97,14 @@ def show(instance_id: str, tasks: TasksOpt = None,
     if as_json:
         out.print_json(json.dumps(task.to_row()))
         return
-    out.rule(f"[bold]{task.instance_id}")
+    rule(task.instance_id)
     out.print(f"repo: {task.repo}   base_commit: {task.base_commit}   version: {task.version}   "
               f"created_at: {task.created_at}")
     out.print(f"environment: python {task.environment.python}; packages: {', '.join(task.environment.packages) or '-'}")
     out.print(f"test command: {task.test_spec.command}")
     out.print(f"FAIL_TO_PASS ({len(task.FAIL_TO_PASS)}): " + ", ".join(task.FAIL_TO_PASS))
     out.print(f"PASS_TO_PASS: {len(task.PASS_TO_PASS)} tests")
-    out.rule("problem statement")
+    rule("problem statement")
     out.print(task.problem_statement, markup=False, highlight=False)
 
 
@@ -119,6 +138,8 @@ def validate(
     """Check tasks: gold resolves, no change does not, repeated runs agree (flaky ones flagged)."""
     task_set = load_tasks(tasks, instance_ids)
     verifier = make_verifier(backend, isolation, ray_address, ray_sandbox)
+    say_on_interrupt("a validation keeps no partial results: rerun the same command to start it again "
+                     "(environments built so far are cached)")
     results = validate_with_progress(task_set, verifier, runs=runs, workers=workers, failed_word="problem(s)")
     table = Table(title="task validation")
     for col in ("instance_id", "gold", "empty", "flaky", "seconds", "verdict"):
@@ -180,6 +201,8 @@ def import_swebench(
 
     if selection not in ("files", "ids"):
         fail(f"--selection: expected 'files' or 'ids', got {selection!r}", code=2)
+    say_on_interrupt(f"nothing is written to {output} before the end: rerun the same command to start again "
+                     f"(environments built so far are cached)")
     try:
         result = import_swebench(file, repos=repos, output=output, specs_path=specs,
                                  selection="ids" if selection == "ids" else "files")
@@ -244,7 +267,7 @@ def _auto_environments(tasks: list[Task], backend: str, isolation: str, limit: i
     failures: dict[str, str] = {}
     lines: list[str] = []
     for n, task in enumerate(tasks, 1):
-        with console.status(f"choosing an environment for {task.instance_id} ({n}/{len(tasks)})…"):
+        with status(f"choosing an environment for {task.instance_id} ({n}/{len(tasks)})…"):
             choice = auto_task(task, factory, limit=limit, selection=selection)
         for attempt in choice.found.attempts if choice.found else ():
             mark = "[green]collected[/]" if attempt.ok else escape(attempt.reason)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,14 @@ from patchgym.tasks.predictions import Prediction
 log = logging.getLogger(__name__)
 
 REPORT_FILE = "report.json"
+# What the evaluation in a directory graded (which predictions, with what), so that another one
+# does not mix its results with it.
+SETTINGS_FILE = "eval.json"
+_INSTANCE_FILES = frozenset({REPORT_FILE, "patch.diff", "test_output.txt", f".{REPORT_FILE}.tmp"})
+
+
+class EvalDirError(ValueError):
+    """The output directory holds results of other predictions or settings (or of a run)."""
 
 
 @dataclass
@@ -88,6 +97,60 @@ def read_instance(output: Path, instance_id: str, patch: str | None) -> Instance
         return None
 
 
+def claim_output(output: Path, settings: dict[str, Any], *, replace: bool = False) -> None:
+    """Make ``output`` the directory of the evaluation ``settings`` describe (which predictions,
+    graded how): one that holds results of other settings is refused, as ``patchgym run`` refuses
+    a run directory of other settings, since resuming there would mix two evaluations in one
+    report and leave the other's instances on disk; with ``replace`` those results are removed
+    first (only what an evaluation writes: its reports and instance directories)."""
+    found = _read_settings(output)
+    if found is not None and not replace:
+        differs = {k: (found.get(k), settings.get(k)) for k in sorted(set(found) | set(settings))
+                   if found.get(k) != settings.get(k)}
+        if differs:
+            raise EvalDirError(f"{output} holds an evaluation with other settings ({differs}); use another "
+                               f"--output, or --force to replace it")
+    elif (output / "run.json").exists() and not replace:
+        raise EvalDirError(f"{output} holds a patchgym run (run.json), not an evaluation; use another --output")
+    elif (output / REPORT_FILE).exists() and not replace:
+        raise EvalDirError(f"{output} holds an evaluation that did not record its settings; use another "
+                           f"--output, or --force to replace it")
+    if replace:
+        _remove_results(output)
+    output.mkdir(parents=True, exist_ok=True)
+    _write_atomically(output / SETTINGS_FILE, json.dumps(settings, indent=2) + "\n")
+
+
+def _read_settings(output: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads((output / SETTINGS_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"unreadable": str(output / SETTINGS_FILE)}
+    return value if isinstance(value, dict) else {"unreadable": str(output / SETTINGS_FILE)}
+
+
+def _remove_results(output: Path) -> None:
+    """Remove an evaluation's files from ``output``: its reports and its instance directories
+    (subdirectories holding only what :func:`write_instance` writes), nothing else."""
+    if not output.is_dir():
+        return
+    for path in output.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            names = {p.name for p in path.iterdir()}
+            if names and names <= _INSTANCE_FILES:
+                shutil.rmtree(path)
+    for name in (REPORT_FILE, SETTINGS_FILE):
+        (output / name).unlink(missing_ok=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # whole or absent, however the run ends
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def evaluate(
     tasks: TaskSet,
     predictions: dict[str, Prediction],
@@ -98,7 +161,9 @@ def evaluate(
     force: bool = False,
     on_done: Callable[[InstanceReport, bool], None] | None = None,
 ) -> RunSummary:
-    """Grade every prediction; ``on_done(report, resumed)`` is called as each instance finishes."""
+    """Grade every prediction; ``on_done(report, resumed)`` is called as each instance finishes.
+    Instances whose report is in ``output`` for the same patch are not graded again, unless
+    ``force`` (:func:`claim_output` first keeps another evaluation's results out of ``output``)."""
     started = time.monotonic()
     output.mkdir(parents=True, exist_ok=True)
     summary = RunSummary(total_ids=tasks.ids)
@@ -155,7 +220,5 @@ def evaluate(
     summary.seconds = time.monotonic() - started
     summary.cost = summarize([reports[i].cost for i in summary.submitted_ids if reports[i].cost is not None],
                              verifier.prices)
-    tmp = output / f".{REPORT_FILE}.{os.getpid()}.tmp"  # whole or absent, however the run ends
-    tmp.write_text(json.dumps(summary.to_dict(), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, output / REPORT_FILE)
+    _write_atomically(output / REPORT_FILE, json.dumps(summary.to_dict(), indent=2) + "\n")
     return summary

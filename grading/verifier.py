@@ -31,6 +31,7 @@ from patchgym.grading.runners import changed_test_files
 from patchgym.grading.testrun import HarnessFiles, place_harness_files, probe, run_tests
 from patchgym.sandboxes import EnvironmentBuildError, Sandbox, SandboxClosedError, SandboxError
 from patchgym.sandboxes.base import usage_of
+from patchgym.sandboxes.phases import phase
 from patchgym.tasks.backends import SandboxFactory, make_sandbox
 from patchgym.tasks.model import Task
 
@@ -123,7 +124,8 @@ class Verifier:
                 return report
         sandbox: Sandbox | None = None
         try:
-            sandbox = self.factory(task)
+            with phase(f"{task.instance_id}: sandbox start"):  # said in a log when it takes long
+                sandbox = self.factory(task)
             placement = getattr(sandbox, "placement", None)
             report.placement = dict(placement) if placement else None
             report = _grade(sandbox, task, files, report, meter)
@@ -257,8 +259,9 @@ class Verifier:
     def _run_tests(sandbox: Sandbox, task: Task, report: InstanceReport, meter: CostMeter,
                    harness: HarnessFiles | None = None) -> None:
         files = changed_test_files(task.test_patch) if task.test_spec.format != "pytest" else ()
-        run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files,
-                        harness=harness, known_passing=task.PASS_TO_PASS)
+        with phase(f"{task.instance_id}: tests ({len(task.FAIL_TO_PASS) + len(task.PASS_TO_PASS)})"):
+            run = run_tests(sandbox, task.test_spec, task.FAIL_TO_PASS + task.PASS_TO_PASS, files=files,
+                            harness=harness, known_passing=task.PASS_TO_PASS)
         meter.add_tests(run.cpu_seconds)
         report.test_output = run.output
         report.test_exit_code = run.exit_code

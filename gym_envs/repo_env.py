@@ -30,10 +30,11 @@ from patchgym.gym_envs.common import (
     resolve_tasks,
     task_briefing,
 )
-from patchgym.gym_envs.spaces import UnicodeText
+from patchgym.gym_envs.spaces import ToolCalls, UnicodeText
 from patchgym.gym_envs.tools import StrReplaceEditor, ToolError
 from patchgym.sandboxes import ExecResult, Sandbox, SandboxError, WorkspaceError
 from patchgym.sandboxes.base import usage_of
+from patchgym.sandboxes.phases import phase
 from patchgym.tasks.backends import sandbox_factory
 from patchgym.tasks.catalog import TaskSet
 from patchgym.tasks.model import Task
@@ -84,9 +85,10 @@ class RepoEnv(gym.Env[str, Any]):
         prices: dollars per core-hour and GB-hour for ``info["cost"]`` (default: :class:`Prices`).
 
     Observations are text. Actions are tool calls, ``{"name": ..., "arguments": {...}}`` as a dict
-    or a JSON string. ``info["invalid_action"]`` flags a call that could not be carried out (the
-    episode continues, the observation says why); ``info["infrastructure_failure"]`` flags an
-    episode whose outcome should be masked rather than scored.
+    or a JSON string (``action_space``: :class:`~patchgym.gym_envs.spaces.ToolCalls` of ``tools``).
+    ``info["invalid_action"]`` flags a call that could not be carried out (the episode continues,
+    the observation says why); ``info["infrastructure_failure"]`` flags an episode whose outcome
+    should be masked rather than scored.
     """
 
     metadata = {"render_modes": []}
@@ -116,7 +118,7 @@ class RepoEnv(gym.Env[str, Any]):
         self.prices = prices or Prices()
         self.verifier = Verifier(self._factory, partial_credit=partial_credit, prices=self.prices)
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
-        self.action_space = UnicodeText(MAX_ACTION_CHARS)
+        self.action_space = ToolCalls(self.tools, max_length=MAX_ACTION_CHARS)
         self.task: Task | None = None
         self.sandbox: Sandbox | None = None
         self.editor: StrReplaceEditor | None = None
@@ -153,7 +155,8 @@ class RepoEnv(gym.Env[str, Any]):
         self._done = False
         self._start_error = None
         try:
-            self.sandbox = self._factory(self.task)
+            with phase(f"{self.task.instance_id}: sandbox start"):  # said in a log when it takes long
+                self.sandbox = self._factory(self.task)
             self.editor = StrReplaceEditor(self.sandbox, max_output_chars=self.output_limit)
             workdir = self.sandbox.workdir
             observation = task_briefing(self.task, workdir)

@@ -219,8 +219,10 @@ def rev_parse(git_dir: Path, rev: str) -> str | None:
         return None
 
 
-def resolve_tip(git_dir: Path, rev: str | None = None) -> str:
-    """The commit to mine back from: ``rev``, else HEAD, else the only branch, else main/master."""
+def resolve_tip(git_dir: Path, rev: str | None = None, registered: str | None = None) -> str:
+    """The commit to mine back from: ``rev``, else HEAD, else the only branch, else main/master,
+    else ``registered`` (the commit ``repos add`` checked: a clone of a bundle without HEAD has
+    only ``origin/main``, which its registration named with ``--rev``)."""
     if rev is not None:
         sha = rev_parse(git_dir, rev)
         if sha is None:
@@ -234,7 +236,10 @@ def resolve_tip(git_dir: Path, rev: str | None = None) -> str:
         sha = rev_parse(git_dir, name) if name in branches else None
         if sha:
             return sha
-    raise MiningError(f"cannot tell which branch to mine (no HEAD; branches: {', '.join(branches) or 'none'})")
+    if registered and rev_parse(git_dir, registered):
+        return registered
+    raise MiningError(f"cannot tell which branch to mine (no HEAD; branches: {', '.join(branches) or 'none'}); "
+                      f"register the repository again with --rev naming it")
 
 
 def path_kind(path: str) -> PathKind:
@@ -445,7 +450,7 @@ def mine(record: RepoRecord, *, since: str | None = None, max_candidates: int | 
     """
     start = time.monotonic()
     with cloned_history(record.source) as git_dir:
-        tip = resolve_tip(git_dir)
+        tip = resolve_tip(git_dir, registered=record.head)
         scan = candidate_commits(git_dir, tip, since=since, max_candidates=max_candidates)
         statements = resolve_issue_texts(git_dir, issue_texts, scan.candidates)
     result = MiningResult(repo=record.name, tip=tip, scanned=scan.scanned, candidates=scan.candidates, tasks=[],

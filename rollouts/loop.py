@@ -58,6 +58,8 @@ class Episode:
     grading_outcome: str | None = None
     steps: int = 0
     turns: int = 0
+    invalid_calls: int = 0  # tool calls the environment refused (unknown tool, bad arguments)
+    format_errors: int = 0  # turns with no tool call it could read (none, or not one fenced block)
     wall_seconds: float = 0.0
     tokens_in: int = 0
     tokens_out: int = 0
@@ -128,6 +130,7 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
         messages.append(message)
         calls = _calls(message, episode.tool_mode)
         if not calls:
+            episode.format_errors += 1
             idle += 1
             if idle >= MAX_IDLE_TURNS:
                 return _grade_as_is(env, episode, "no_tool_call")
@@ -137,6 +140,7 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
         for call_id, name, arguments in calls:
             observation, reward, terminated, truncated, info = env.step({"name": name, "arguments": arguments})
             episode.steps += 1
+            episode.invalid_calls += bool(info.get("invalid_action"))
             text = fit_observation(observation, observation_limit)
             if episode.tool_mode == "native":
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": text})

@@ -23,10 +23,16 @@ import httpx
 OVERFLOW_MARKERS = ("context_length_exceeded", "maximum context length", "context length", "too many tokens",
                     "prompt is too long", "input is too long", "exceeds the model's", "max_model_len")
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+PROBE_TIMEOUT = 60.0  # seconds each request of ChatModel.check may take at most
 
 
 class ModelError(RuntimeError):
     """The model endpoint failed (after the retries): infrastructure, not the policy."""
+
+
+class EndpointUnusable(ModelError):
+    """The endpoint cannot serve the run at all (a wrong URL, a refused connection, a bad key, an
+    unknown model): found by :func:`check_endpoint` before any episode starts."""
 
 
 class ContextOverflow(RuntimeError):
@@ -85,6 +91,58 @@ class ChatModel:
     def close(self) -> None:
         self._client.close()
 
+    def check(self) -> str | None:
+        """One small look at the endpoint before a run: ``GET /models`` (the model must be listed),
+        else a one-token chat completion. Raises :class:`EndpointUnusable` saying what is wrong;
+        returns a warning when it cannot tell (the endpoint refused the probe's parameters)."""
+        name, where = self.config.name, self.config.base_url
+        listed: list[str] | None = None
+        response = self._probe("GET", "/models")
+        if response.status_code in (401, 403):
+            raise EndpointUnusable(f"{where} refused the API key ({response.status_code}): {_short(response)}")
+        if response.status_code == 200:
+            try:
+                listed = [str(m.get("id")) for m in response.json().get("data") or [] if isinstance(m, dict)]
+            except (ValueError, AttributeError):
+                listed = None
+            if listed and name in listed:
+                return None
+        response = self._probe("POST", "/chat/completions", json={
+            "model": name, "messages": [{"role": "user", "content": "Reply with OK."}], "max_tokens": 1})
+        unknown = (f"{where} does not serve the model {name!r}"
+                   + (f" (it serves {', '.join(listed[:10])}{' …' if len(listed) > 10 else ''})" if listed else ""))
+        if response.status_code == 200:
+            return None
+        if response.status_code in (401, 403):
+            raise EndpointUnusable(f"{where} refused the API key ({response.status_code}): {_short(response)}")
+        if response.status_code == 404:
+            raise EndpointUnusable(f"{unknown}: {_short(response)}" if listed or "model" in response.text.lower()
+                                   else f"{where}/chat/completions answered 404 (is --base-url the API root, "
+                                        f"e.g. http://host:8000/v1?): {_short(response)}")
+        if response.status_code in RETRY_STATUSES:
+            raise EndpointUnusable(f"{where} keeps failing ({response.status_code}): {_short(response)}")
+        if listed:
+            raise EndpointUnusable(f"{unknown}: {response.status_code} {_short(response)}")
+        return f"{where} answered a one-token request with {response.status_code} ({_short(response)}); going on"
+
+    def _probe(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request of :meth:`check`: answered (statuses the run would retry are retried as it
+        would), or :class:`EndpointUnusable` for a connection that fails."""
+        timeout = min(PROBE_TIMEOUT, self.config.timeout)
+        for attempt in range(self.config.retries + 1):
+            try:
+                response = self._client.request(method, path, timeout=timeout, **kwargs)
+            except httpx.TimeoutException:
+                raise EndpointUnusable(f"{self.config.base_url} did not answer {method} {path} within "
+                                       f"{timeout:g}s") from None
+            except httpx.HTTPError as exc:
+                raise EndpointUnusable(f"cannot reach {self.config.base_url}: {type(exc).__name__}: {exc}") from None
+            if response.status_code not in RETRY_STATUSES or attempt == self.config.retries:
+                return response
+            wait = _retry_after(response)
+            self._sleep(min(wait if wait is not None else self.config.backoff * 2 ** attempt, 60.0))
+        raise AssertionError("unreachable")
+
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply:
         """One assistant turn for ``messages`` (with ``tools`` offered when given)."""
         body: dict[str, Any] = {"model": self.config.name, "messages": messages,
@@ -120,6 +178,42 @@ class ChatModel:
                 backoff = self.config.backoff * 2 ** attempt * (0.5 + random.random() / 2)
                 self._sleep(min(wait if wait is not None else backoff, 60.0))
         raise ModelError(f"{last} (after {self.config.retries + 1} attempts)")
+
+
+def url_problem(base_url: str) -> str | None:
+    """What is wrong with ``base_url`` as an API root (None: nothing), before any request: a URL
+    without ``http://`` or ``https://`` fails every call of a run, an hour later at 500 tasks."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        return f"--base-url {base_url!r} is not a URL ({exc})"
+    if url.scheme not in ("http", "https") or not url.host:
+        return f"--base-url {base_url!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8000/v1)"
+    return None
+
+
+def check_endpoint(config: ModelConfig) -> str | None:
+    """:func:`url_problem`, then :meth:`ChatModel.check`: raises :class:`EndpointUnusable` with one
+    line saying what is wrong; returns a warning, or None."""
+    problem = url_problem(config.base_url)
+    if problem:
+        raise EndpointUnusable(problem)
+    model = ChatModel(config)
+    try:
+        return model.check()
+    finally:
+        model.close()
+
+
+def _short(response: httpx.Response) -> str:
+    """An error answer in a line: its ``error.message`` when it has one, else its text, cut."""
+    text = response.text
+    try:
+        error = response.json().get("error")
+        text = str(error.get("message") if isinstance(error, dict) else error or text)
+    except (ValueError, AttributeError):
+        pass
+    return " ".join(text.split())[:300] or "(no body)"
 
 
 def _reply(response: httpx.Response) -> Reply:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -32,6 +31,7 @@ from patchgym.grading.cost import EpisodeCost, Prices, summarize
 from patchgym.gym_envs.repo_env import RepoEnv
 from patchgym.rollouts.loop import Episode, run_episode
 from patchgym.rollouts.model import ChatModel, ModelConfig
+from patchgym.rollouts.stats import wilson
 from patchgym.tasks.catalog import TaskSet
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,17 @@ RUN_FILE, TRAJECTORIES, PREDICTIONS, REPORT = "run.json", "trajectories.jsonl", 
 RESUME_KEYS = ("model", "base_url", "temperature", "max_tokens", "max_turns", "max_steps", "tool_mode", "backend")
 
 
+# A run stops when this many episodes in a row, from its start, were masked for the same model error.
+ENDPOINT_STOP_AFTER = 3
+
+
 class RunDirError(ValueError):
     """The output directory holds another run (different settings)."""
+
+
+class EndpointDown(RuntimeError):
+    """Every episode of the run so far was masked for the same model error: the endpoint is not
+    serving, and going on would only mask the rest (an hour of retries at 500 tasks)."""
 
 
 @dataclass
@@ -68,6 +77,7 @@ class RunProgress:
 
     total: int
     done: int = 0
+    resumed: int = 0  # of done, finished before this invocation (not in its rate)
     resolved: int = 0
     masked: int = 0
     tokens_in: int = 0
@@ -103,6 +113,7 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
     _write_json(out / RUN_FILE, run_info)
     lines = read_trajectories(out)  # read once; kept up to date in memory as episodes finish
     todo = [i for i in task_set.ids if lines.get(i, {}).get("outcome") in (None, "masked")]
+    before = sum(i in lines for i in task_set.ids)  # done before this invocation: not in its rate
     lock = threading.Lock()
     own_chat = chat is None
     chat = chat or ChatModel(model)
@@ -126,15 +137,21 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
     try:
         with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="patchgym-run") as pool:
             futures = [pool.submit(one, i) for i in todo]
+            fresh: list[dict[str, Any]] = []  # this invocation's episodes
             try:
                 for future in as_completed(futures):
                     line = future.result()
+                    fresh.append(line)
                     with lock:
                         _append_line(out / TRAJECTORIES, json.dumps(line, ensure_ascii=False))
                         lines[line["instance_id"]] = line
                         write_outputs(out, task_set, run_info, lines)
                     if on_episode:
-                        on_episode(line, progress_of(task_set, lines))
+                        on_episode(line, progress_of(task_set, lines, before))
+                    down = endpoint_down(fresh, ENDPOINT_STOP_AFTER) if len(fresh) < len(todo) else None
+                    if down:  # and episodes are left to mask: stop them
+                        raise EndpointDown(f"stopped: the first {len(fresh)} episodes were all masked for the "
+                                           f"same model error: {down}")
             except BaseException:  # interrupted: start nothing new; running episodes end and close
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
@@ -199,29 +216,38 @@ def run_report(task_set: TaskSet, lines: dict[str, dict[str, Any]], run_info: di
         "cost_usd": round(sum(t["cost_usd"] for t in done), 6),
         "wall_seconds": round(sum(t["wall_seconds"] for t in done), 3),
         "steps_total": sum(t["steps"] for t in done),
+        # the model's slips: refused tool calls and turns with none it could read (episodes before
+        # these were counted have none)
+        "invalid_calls_total": sum(t.get("invalid_calls") or 0 for t in done),
+        "format_errors_total": sum(t.get("format_errors") or 0 for t in done),
         # every episode's environment cost, masked ones too: the machine spent it
         "cost": summarize([EpisodeCost.from_dict(t["cost"]) for t in done if t.get("cost")], prices),
-        "instances": [{k: t.get(k) for k in ("instance_id", "outcome", "grading_outcome", "end_reason", "reward",
-                                              "steps", "turns", "wall_seconds", "tokens_in", "tokens_out", "cost_usd",
-                                              "cost", "mask_reason")} for t in done],
+        "instances": [{"repo": task_set.get(t["instance_id"]).repo,
+                       **{k: t.get(k) for k in ("instance_id", "outcome", "grading_outcome", "end_reason", "reward",
+                                                "steps", "turns", "invalid_calls", "format_errors", "wall_seconds",
+                                                "tokens_in", "tokens_out", "cost_usd", "cost", "mask_reason")}}
+                      for t in done],
     }
 
 
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95% by default): sound at 0/n and n/n, unlike the
-    normal approximation."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+def endpoint_down(episodes: list[dict[str, Any]], needed: int) -> str | None:
+    """The model error that masked every one of ``episodes`` (at least ``needed`` of them), else None.
+    Errors are the same when they agree up to their detail (``the model answered 503``, ``cannot
+    reach the model at URL``): the rest carries request ids and counts."""
+    if needed < 1 or len(episodes) < needed:
+        return None
+    reasons = {str(e.get("mask_reason") or "").split(": ")[0] for e in episodes
+               if e.get("outcome") == "masked" and e.get("end_reason") == "model_error"}
+    if len(reasons) != 1 or sum(e.get("end_reason") == "model_error" for e in episodes) != len(episodes):
+        return None
+    return str(episodes[-1].get("mask_reason") or "")[:500]
 
 
-def progress_of(task_set: TaskSet, lines: dict[str, dict[str, Any]]) -> RunProgress:
-    """What a progress display shows, from the episodes finished so far."""
+def progress_of(task_set: TaskSet, lines: dict[str, dict[str, Any]], resumed: int = 0) -> RunProgress:
+    """What a progress display shows, from the episodes finished so far (``resumed``: of them,
+    those finished before this invocation)."""
     done = [lines[i] for i in task_set.ids if i in lines]
-    return RunProgress(total=len(task_set.ids), done=len(done),
+    return RunProgress(total=len(task_set.ids), done=len(done), resumed=resumed,
                        resolved=sum(t["outcome"] == "resolved" for t in done),
                        masked=sum(t["outcome"] == "masked" for t in done),
                        tokens_in=sum(t["tokens_in"] for t in done), tokens_out=sum(t["tokens_out"] for t in done),

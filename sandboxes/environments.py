@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -33,6 +34,7 @@ from patchgym.sandboxes.installer import installer_choice, uv_executable, uv_ins
 from patchgym.sandboxes.lifetime import run_checked
 from patchgym.sandboxes.locks import file_lock
 from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.phases import phase, stopping
 from patchgym.sandboxes.reaper import owned_name, staging_path
 
 log = logging.getLogger(__name__)
@@ -295,25 +297,42 @@ def ensure_environment(
         started = time.monotonic()
         log.info("building environment %s (python %s)", key, interpreter.version)
         fds = (lock_fd,)
+        count = 2 + bool(spec.packages) + len(spec.pre_install) + len(spec.install)  # venv, ..., bytecode
+        steps = iter(range(1, count + 1))
+
+        def step(what: str) -> AbstractContextManager[None]:
+            if stopping():  # Ctrl-C: no further step (the attempt is left for the next builder to remove)
+                raise EnvironmentBuildError(f"environment {key} was not built: interrupted before {_one_line(what)}")
+            return phase(f"building environment {key[:12]} (python {interpreter.version}): step {next(steps)}/"
+                         f"{count}: {_one_line(what)}", announce=True)
+
         try:
-            run_logged([interpreter.executable, "-m", "venv", str(built.venv)], log_file, cwd=attempt, pass_fds=fds)
+            with step("venv"):
+                run_logged([interpreter.executable, "-m", "venv", str(built.venv)], log_file, cwd=attempt,
+                           pass_fds=fds)
             env = venv_environ(built.venv)
             for command in spec.pre_install:
-                run_logged(["bash", "-c", command], log_file, cwd=checkout or attempt, env=env, pass_fds=fds)
-            installer = (install_packages(built.venv, spec.packages, log_file, cwd=attempt, env=env, pass_fds=fds)
-                         if spec.packages else None)
+                with step(command):
+                    run_logged(["bash", "-c", command], log_file, cwd=checkout or attempt, env=env, pass_fds=fds)
+            installer = None
+            if spec.packages:
+                with step(f"install {' '.join(spec.packages)}"):
+                    installer = install_packages(built.venv, spec.packages, log_file, cwd=attempt, env=env,
+                                                 pass_fds=fds)
             for command in spec.install:
                 if checkout is None:
                     raise EnvironmentBuildError("install steps need a repository checkout")
-                if run_install is not None:
-                    run_install(command, built, log_file)
-                else:
-                    run_logged(["bash", "-c", command], log_file, cwd=checkout, env=env, pass_fds=fds)
+                with step(command):
+                    if run_install is not None:
+                        run_install(command, built, log_file)
+                    else:
+                        run_logged(["bash", "-c", command], log_file, cwd=checkout, env=env, pass_fds=fds)
         except EnvironmentBuildError:
             raise
         except Exception as exc:  # pragma: no cover - unexpected OS errors
             raise EnvironmentBuildError(f"environment {key} failed to build: {exc}") from exc
-        compile_prefix(built.venv)  # before ready.json: a complete entry has its prefix, or failed to
+        with step("bytecode"):
+            compile_prefix(built.venv)  # before ready.json: a complete entry has its prefix, or failed to
         # Complete only now: ready.json names the attempt, written whole by a rename.
         record = {"attempt": attempt.name, "spec": asdict(spec), "python": interpreter.version,
                   "installer": installer, "seconds": round(time.monotonic() - started, 2)}
@@ -325,6 +344,13 @@ def ensure_environment(
 
 
 ATTEMPT_PREFIX = "attempt-"
+
+
+def _one_line(command: str, limit: int = 100) -> str:
+    """A build step as it reads in one progress line: its first line, cut."""
+    lines = command.strip().splitlines() or [""]
+    text = lines[0] + (" …" if len(lines) > 1 else "")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def ready_venv(root: Path) -> Path | None:

@@ -232,17 +232,32 @@ def load_specs(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
 def load_spec_tables(path: Path) -> HarnessConstants:
     """``--specs``: SWE-bench's harness constants (the ``swebench/harness/constants`` directory, a
     Python file of it, or JSON with its names; :mod:`patchgym.tasks.swebench_constants`) or a spec map
-    alone (JSON/YAML, :func:`load_specs`, with SWE-bench's harness's package rewrites)."""
+    alone (JSON/YAML, :func:`load_specs`).
+
+    SWE-bench's harness reads a spec's requirement file from ``MAP_REPO_TO_REQS_PATHS`` and rewrites
+    it with ``REPLACE_REQ_PACKAGES`` whatever the spec, so a file that does not hold those tables (a
+    spec map alone, as many forks publish it) gets SWE-bench's own (:func:`builtin_constants`): else
+    sqlfluff's requirements would ask for ``types-pkg_resources``, which PyPI no longer has. A file
+    that does hold them overrides them."""
     try:
         if path.is_dir() or path.suffix == ".py":
-            return read_constants(path)
+            return _with_harness_tables(read_constants(path), path)
         if path.suffix == ".json" and is_constants_json(json.loads(path.read_text(encoding="utf-8"))):
-            return read_constants(path)
+            return _with_harness_tables(read_constants(path), path)
     except ConstantsError as exc:
         raise TaskFileError(str(exc)) from None
     except (OSError, ValueError):
         pass  # load_specs says what is wrong with it
-    return HarnessConstants(specs=load_specs(path))
+    return _with_harness_tables(HarnessConstants(specs=load_specs(path)), path)
+
+
+def _with_harness_tables(tables: HarnessConstants, path: Path) -> HarnessConstants:
+    """``tables`` with SWE-bench's requirement paths for the repositories it names none for (its
+    ``REPLACE_REQ_PACKAGES`` is already the harness's unless the file set its own)."""
+    if path == BUILTIN_SPECS:
+        return tables
+    tables.reqs_paths = {**builtin_constants().reqs_paths, **tables.reqs_paths}
+    return tables
 
 
 def _git_reader(repo_path: str, commit: str) -> Callable[[str], str | None]:

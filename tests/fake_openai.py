@@ -45,11 +45,25 @@ class FakeModel:
         self.default = default or []
         self.requests: list[dict[str, Any]] = []
         self.refuse_tools = False  # a model served without tool calling (vLLM without auto tool choice)
+        self.models: list[str] | None = None  # what GET /v1/models lists (None: no such route, a 404)
+        self.key: str | None = None  # the only API key accepted (None: any, or none)
         self.failures_served: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
         self.app = FastAPI()
         self.app.get("/healthz")(lambda: {"status": "ok"})
         self.app.post("/v1/chat/completions")(self._complete)
+        self.app.get("/v1/models")(self._models)
+
+    def _refused(self, request: Request) -> JSONResponse | None:
+        if self.key is not None and request.headers.get("authorization") != f"Bearer {self.key}":
+            return JSONResponse({"error": {"message": "Incorrect API key provided"}}, status_code=401)
+        return None
+
+    async def _models(self, request: Request) -> JSONResponse:
+        if self.models is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return self._refused(request) or JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model"} for m in self.models]})
 
     def script_for(self, body: dict[str, Any]) -> tuple[str, list[Turn]]:
         user = next((m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"), "")
@@ -62,6 +76,12 @@ class FakeModel:
         body = await request.json()
         with self._lock:
             self.requests.append(body)
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        if self.models is not None and body.get("model") not in self.models:
+            return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist."}},
+                                status_code=404)
         if self.refuse_tools and body.get("tools"):
             return JSONResponse({"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice'}},
                                 status_code=400)

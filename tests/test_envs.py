@@ -40,9 +40,46 @@ def test_text_spaces_accept_real_output():
     env = RepoEnv.__new__(RepoEnv)
     RepoEnv.__init__(env, tasks=None)
     for text in ("", "naïve 日本語 → ✓\x00\x1b[31m", "x" * 100_000):
-        assert env.observation_space.contains(text) and env.action_space.contains(text)
+        assert env.observation_space.contains(text)
     assert not env.observation_space.contains(b"bytes")
     env.close()
+
+
+def test_the_action_space_holds_the_tool_calls_step_carries_out():
+    """Every form ``step`` runs is in the space, what it refuses as an invalid action is not, and
+    samples are tool calls of every tool that the space holds."""
+    space = RepoEnv(tasks=None).action_space
+    inside = [{"name": "submit", "arguments": {}}, {"name": "submit"}, bash("ls"),
+              json.dumps(bash("ls")), {"name": "bash", "arguments": json.dumps({"command": "ls"})},
+              {"type": "function", "function": {"name": "bash", "arguments": '{"command": "pwd"}'}},
+              {"name": "str_replace_editor", "arguments": {"command": "view", "path": "/testbed/x.py",
+                                                           "view_range": [1, -1]}},
+              {"name": "str_replace_editor", "arguments": {"command": "insert", "path": "x", "insert_line": 0,
+                                                           "new_str": "a"}}]
+    outside = ["ls", "", "x" * 100_000, 7, None, {"arguments": {}}, {"name": "python", "arguments": {}},
+               {"name": "bash", "arguments": {}}, {"name": "bash", "arguments": {"command": 3}},
+               {"name": "bash", "arguments": {"command": "ls", "cwd": "/"}}, {"name": "bash", "arguments": "{no"},
+               {"name": "str_replace_editor", "arguments": {"command": "delete", "path": "x"}},
+               {"name": "str_replace_editor", "arguments": {"command": "insert", "path": "x", "insert_line": True}},
+               {"name": "str_replace_editor", "arguments": {"command": "view", "path": "x", "view_range": ["1"]}},
+               bash("x" * 2_000_000)]
+    assert [a for a in inside if not space.contains(a)] == []
+    assert [a for a in outside if space.contains(a)] == []
+    space.seed(3)
+    samples = [space.sample() for _ in range(60)]
+    assert all(space.contains(a) for a in samples)
+    assert {a["name"] for a in samples} == {"bash", "str_replace_editor", "submit"}
+    assert repr(space) == "ToolCalls(bash, str_replace_editor, submit)"
+
+
+def test_sampled_actions_run(env):
+    """A random policy's actions are carried out, not refused."""
+    env.reset(options={"task_id": "fixture__calc-1"})
+    space = env.action_space
+    space.seed(0)
+    for action in [a for a in (space.sample() for _ in range(30)) if a["name"] != "submit"][:4]:
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert not info["invalid_action"], (action, obs)
 
 
 def test_reset_observation_info_and_seeded_choice(env, calc_task):

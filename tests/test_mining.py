@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,6 +135,20 @@ def test_candidates_are_commits_changing_source_and_a_test_module(minelib):
         assert candidate_commits(git_dir, tip, since=fix[:10], max_candidates=5).scanned == 3
         with pytest.raises(MiningError, match="unknown revision"):
             candidate_commits(git_dir, tip, since="no-such-rev")
+
+
+def test_a_clone_without_head_is_mined_from_the_registered_commit(minelib, tmp_path):
+    """A clone of a bundle with no HEAD has no local branch, only origin/main (what ``repos add
+    --rev origin/main`` names): mining goes back from the commit registered."""
+    repo, shas = minelib
+    bundle = tmp_path / "minelib.bundle"
+    git(repo, "bundle", "create", str(bundle), "main")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(bundle), str(clone)], check=True, capture_output=True)
+    with cloned_history(str(clone)) as git_dir:
+        with pytest.raises(MiningError, match="no HEAD; branches: none"):
+            resolve_tip(git_dir)
+        assert resolve_tip(git_dir, registered=shas[-1]) == shas[-1]
 
 
 def test_issue_texts(minelib, tmp_path):

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from patchgym.cli import app
 from patchgym.rollouts.export import export_trajectories
 from patchgym.rollouts.model import ChatModel, ModelConfig, ModelError
-from patchgym.rollouts.run import RunDirError, RunOptions, run_model, wilson
+from patchgym.rollouts.run import RunDirError, RunOptions, run_model
+from patchgym.rollouts.stats import wilson
 from patchgym.tasks.catalog import load_task_set
 from tests.fake_openai import FakeModel, Turn, call
 from tests.serving import serve
@@ -100,6 +101,9 @@ def test_no_op_and_malformed_calls(fake, two_tasks, calc_task, tmp_path):
     fake.default = [call("bash", "{not json"), call("python", {"code": "1"}), *oracle(calc_task.patch)]
     report = run(fake, two_tasks, tmp_path / "b", [TASK])
     assert report["resolved"] == 1
+    # both refused calls counted, per episode and in all; the row names the task's repository
+    assert report["instances"][0]["invalid_calls"] == 2 == report["invalid_calls_total"]
+    assert report["instances"][0]["format_errors"] == 0 and report["instances"][0]["repo"] == "fixture/calc"
     tool_outputs = [m["content"] for m in lines(tmp_path / "b" / "run")[TASK]["messages"] if m["role"] == "tool"]
     assert "JSON" in tool_outputs[0] and "unknown tool 'python'" in tool_outputs[1]
 
@@ -145,6 +149,7 @@ def test_text_fallback_for_a_model_without_tool_calling(fake, calc_tasks_file, c
                     Turn(text=f"```bash\n{patch_cmd}\n```"), Turn(text="```bash\nsubmit\n```")]
     report = run(fake, calc_tasks_file, tmp_path)  # --tool-mode auto: refused tools, went on in text
     assert report["resolved"] == 1 and report["instances"][0]["steps"] == 3
+    assert report["instances"][0]["format_errors"] == 1 == report["format_errors_total"]  # "No block here."
     line = lines(tmp_path / "run")[TASK]
     assert line["tool_mode"] == "text" and "fenced shell block" in line["messages"][0]["content"]
     assert "__init__.py" in line["messages"][3]["content"]  # ls's output came back as a user message
@@ -176,6 +181,93 @@ def test_a_bad_key_or_unknown_model_is_a_model_error_not_a_retry(fake, calc_task
     with pytest.raises(ModelError, match="401"):
         model.complete([{"role": "user", "content": "hi"}], None)
     assert model.calls == 1
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # bound, never listening: connections to it are refused
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli_run(base_url: str, out: Path, tasks: Path, *extra: str, model: str = "scripted"):
+    import time
+
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["run", "--model", model, "--base-url", base_url, "--output", str(out),
+                                      "--tasks", str(tasks), "--retries", "4", *extra])
+    return result, time.monotonic() - started
+
+
+def test_a_dead_or_mistyped_endpoint_ends_the_run_at_once(fake, calc_tasks_file, tmp_path, monkeypatch):
+    """Before: each task spent ~10 s on 5 attempts, ended masked, and the command exited 0; the
+    cause (no scheme: httpx's UnsupportedProtocol) was only inside trajectories.jsonl."""
+    cases = {"closed port": (f"http://127.0.0.1:{closed_port()}/v1", "cannot reach"),
+             "no scheme": ("127.0.0.1:18431", "is not an http:// or https:// URL"),
+             "not a URL": ("http://[::1", "not a URL")}
+    for name, (url, message) in cases.items():
+        result, seconds = cli_run(url, tmp_path / name, calc_tasks_file)
+        assert result.exit_code == 2, (name, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], (name, result.output)
+        assert seconds < 5, (name, seconds)
+        assert not (tmp_path / name / "trajectories.jsonl").exists(), "no episode started"
+    fake.models, fake.key = ["scripted"], "sk-right"
+    monkeypatch.setenv("KEY", "sk-wrong")
+    result, _ = cli_run(fake.url, tmp_path / "key", calc_tasks_file, "--api-key-env", "KEY")
+    assert result.exit_code == 2 and "refused the API key (401)" in result.output, result.output
+    monkeypatch.setenv("KEY", "sk-right")
+    result, _ = cli_run(fake.url, tmp_path / "model", calc_tasks_file, "--api-key-env", "KEY", model="nope")
+    assert result.exit_code == 2 and "does not serve the model 'nope' (it serves scripted)" in result.output, \
+        result.output
+    result, _ = cli_run(fake.url.removesuffix("/v1"), tmp_path / "root", calc_tasks_file, "--api-key-env", "KEY")
+    assert result.exit_code == 2 and "answered 404 (is --base-url the API root" in result.output, result.output
+    # one chat completion in all, a token's worth: for a model /models does not list (a proxy may serve more)
+    assert [(r["model"], r["max_tokens"]) for r in fake.requests] == [("nope", 1)]
+
+
+def test_an_endpoint_without_a_model_list_is_checked_with_one_token(fake, calc_tasks_file, calc_task, tmp_path):
+    fake.default = oracle(calc_task.patch)
+    result, _ = cli_run(fake.url, tmp_path / "ok", calc_tasks_file)
+    assert result.exit_code == 0 and "resolved 1/1" in result.output, result.output
+    assert fake.requests[0]["max_tokens"] == 1 and len(fake.requests) == 3  # the probe, then the episode
+    assert "no price given" in result.output and "$0.0000" not in result.output
+
+
+def test_a_run_whose_episodes_all_fail_the_same_way_stops(fake, calc_tasks_file, tmp_path):
+    """The endpoint lists the model but every completion fails: after the first episodes, all
+    masked for the same model error, the run stops with one line and exit status 1."""
+    row = json.loads(calc_tasks_file.read_text().splitlines()[0])
+    tasks = tmp_path / "six.jsonl"
+    tasks.write_text("".join(json.dumps({**row, "instance_id": f"c-{i}"}) + "\n" for i in range(6)))
+    fake.models = ["scripted"]
+    fake.default = [Turn(failures=999, status=503, error="overloaded")]
+    result, _ = cli_run(fake.url, tmp_path / "run", tasks, "--retries", "0")
+    assert result.exit_code == 1, result.output
+    assert "error: stopped: the first 3 episodes were all masked for the same model error: the model " \
+           "answered 503" in " ".join(result.output.split())
+    assert len(lines(tmp_path / "run")) == 3 and (tmp_path / "run" / "report.html").exists()
+    # too few episodes to stop early, and none scored: still not a success
+    result, _ = cli_run(fake.url, tmp_path / "one", calc_tasks_file, "--retries", "0")
+    assert result.exit_code == 1, result.output
+    assert "error: no episode could be scored: all 1 masked (first: the model answered 503" in \
+        " ".join(result.output.split())
+
+
+def test_endpoint_down_needs_the_same_model_error_from_the_start():
+    from patchgym.rollouts.run import endpoint_down
+
+    def masked(reason, end="model_error"):
+        return {"outcome": "masked", "end_reason": end, "mask_reason": reason}
+
+    refused = masked("cannot reach the model at http://h:1/v1: ConnectError: [Errno 111] refused (after 5 attempts)")
+    assert endpoint_down([refused] * 3, 3) == refused["mask_reason"]
+    assert endpoint_down([refused] * 2, 3) is None
+    assert endpoint_down([masked("the model answered 503: {id: 1}"), masked("the model answered 503: {id: 2}")], 2)
+    assert endpoint_down([refused, masked("the model answered 503: x"), refused], 3) is None
+    assert endpoint_down([refused, {"outcome": "unresolved", "end_reason": "submitted"}, refused], 3) is None
+    assert endpoint_down([refused, masked("sandbox broke", "environment_error"), refused], 3) is None
 
 
 def test_exports_keep_resolved_episodes_only_unless_asked(fake, two_tasks, calc_task, tmp_path):
@@ -289,3 +381,23 @@ def test_no_turn_starts_after_the_deadline(fake, calc_tasks_file, calc_task):
     finally:
         env.close()
     assert episode.end_reason == "time_limit" and episode.outcome == "unresolved" and episode.turns < 1000
+
+
+def test_the_paired_interval_of_two_runs():
+    """Newcombe's interval for paired proportions (his method 10) on his example's counts, and its
+    edges: identical runs, one run resolving everything the other does not, no pairs."""
+    from patchgym.rollouts.stats import paired_difference
+
+    a = [True] * 12 + [True] * 9 + [False] * 2 + [False] * 21
+    b = [True] * 12 + [False] * 9 + [True] * 2 + [False] * 21
+    p = paired_difference(a, b)
+    assert (p.n, p.both, p.only_a, p.only_b, p.neither) == (44, 12, 9, 2, 21)
+    assert p.difference == pytest.approx(7 / 44) and p.ci95 == pytest.approx((0.0182, 0.2892), abs=1e-4)
+    same = paired_difference(a, a)
+    assert same.difference == 0 and same.ci95[0] < 0 < same.ci95[1]
+    assert same.ci95[1] - same.ci95[0] < p.ci95[1] - p.ci95[0], "no discordant pair: a narrow interval"
+    all_a = paired_difference([True] * 20, [False] * 20)
+    assert all_a.difference == 1 and 0.7 < all_a.ci95[0] < 1 and all_a.ci95[1] == 1
+    assert paired_difference([], []).ci95 == (-1.0, 1.0)
+    with pytest.raises(ValueError):
+        paired_difference([True], [])

@@ -31,9 +31,11 @@ from patchgym.rollouts.html_report import (
     fmt_rate,
     fmt_seconds,
     render_report,
+    write_comparison,
     write_report,
 )
 from patchgym.rollouts.html_report import page as report_page
+from patchgym.rollouts.stats import wilson
 
 SAMPLE = Path(__file__).parent / "fixtures" / "run_dir_sample"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -187,6 +189,75 @@ def row_ids(dom: Node) -> list[str]:
     return [tr.attrs["data-instance-id"] for tr in dom.by_id("tasks").find_all("tbody")[0].find_all("tr")]
 
 
+@pytest.fixture(scope="module")
+def scale_pages(tmp_path_factory):
+    """A run of 500 episodes over a dozen repositories (sorted by invalid tool calls, descending),
+    and it beside a second run of the same tasks (sorted by A's steps), in Chromium."""
+    need_chromium()
+    tmp = tmp_path_factory.mktemp("scale")
+    synthetic_run(tmp / "big", 500, 4, output_chars=200, varied=True, seed=1)
+    synthetic_run(tmp / "big-b", 500, 4, output_chars=200, varied=True, seed=2)
+    compared = write_comparison(tmp / "big", tmp / "big-b", tmp / "compare.html").resolve().as_uri()
+    loaded = load_pages({"big": write_report(tmp / "big").resolve().as_uri() + "#sort=invalid_calls,invalid_calls",
+                         "compare": compared + "#sort=steps_a"}, tmp)
+    loaded["big_dir"] = tmp / "big"
+    return loaded
+
+
+def test_500_episodes_read_as_distributions(scale_pages):
+    """500 episodes over a dozen repositories: a row per repository with its interval, histograms
+    whose bars count every task, the slips per episode in the table (sorted by them, descending),
+    and every number the one in report.json."""
+    pages = scale_pages
+    dom, text, console = pages["big"]
+    assert console == [] and dom.find_all("html")[0].attrs.get("data-report-ready") == "1"
+    rep = json.loads((pages["big_dir"] / "report.json").read_text())
+    rows = rep["instances"]
+    assert len(row_ids(dom)) == 500
+    repos = dom.by_id("chart-repos").find_all("g")
+    assert len(repos) == len({r["repo"] for r in rows}) == 12
+    django = [g for g in repos if g.attrs["data-repo"] == "django/django"][0]
+    scored = [r for r in rows if r["repo"] == "django/django" and r["outcome"] != "masked"]
+    resolved = sum(r["outcome"] == "resolved" for r in scored)
+    assert json.loads(django.find_all("rect")[0].attrs["data-value"]) == round(resolved / len(scored), 4)
+    assert f"{resolved}/{len(scored)} = {fmt_rate(resolved / len(scored))}" in django.text()
+    for chart in ("hist-steps", "hist-tokens", "hist-wall", "hist-cost"):
+        bars = dom.by_id(chart).find_all("rect")
+        assert sum(int(b.attrs["data-count"]) for b in bars) == 500, chart
+        resolved_bars = [b for b in bars if "o-resolved" in b.attrs["class"]]
+        assert sum(int(b.attrs["data-count"]) for b in resolved_bars) == rep["resolved"], chart
+    slips = [int(tr.find_all("td")[5].text()) for tr in dom.by_id("tasks").find_all("tbody")[0].find_all("tr")]
+    assert slips == sorted((r["invalid_calls"] for r in rows), reverse=True)
+    assert dom.by_id("invalid-calls").text() == fmt_int(rep["invalid_calls_total"]) and rep["invalid_calls_total"] > 0
+    assert dom.by_id("format-errors").text() == fmt_int(rep["format_errors_total"])
+    masked = [r for r in rows if r["outcome"] == "masked"]
+    assert masked and all(r["mask_reason"] in text for r in masked[:1])
+
+
+def test_two_runs_side_by_side(scale_pages):
+    """The comparison of two runs of the same 500 tasks: the paired difference and its interval
+    (Newcombe's, from rollouts.stats), a row per task, the changed ones first."""
+    from patchgym.rollouts.stats import paired_difference
+
+    pages = scale_pages
+    dom, text, console = pages["compare"]
+    assert console == [] and dom.find_all("html")[0].attrs.get("data-report-ready") == "1"
+    a = {r["instance_id"]: r for r in json.loads((pages["big_dir"] / "report.json").read_text())["instances"]}
+    b = {r["instance_id"]: r for r in json.loads((pages["big_dir"].parent / "big-b" / "report.json").read_text()
+                                                 )["instances"]}
+    paired = [i for i in a if a[i]["outcome"] != "masked" and b[i]["outcome"] != "masked"]
+    p = paired_difference([a[i]["outcome"] == "resolved" for i in paired],
+                          [b[i]["outcome"] == "resolved" for i in paired])
+    assert json.loads(dom.by_id("paired").attrs["data-value"]) == p.n == len(paired)
+    assert json.loads(dom.by_id("difference").attrs["data-value"]) == round(p.difference, 6)
+    assert json.loads(dom.by_id("difference-ci").attrs["data-value"]) == [round(x, 6) for x in p.ci95]
+    assert dom.by_id("only-a").text() == str(p.only_a) and dom.by_id("only-b").text() == str(p.only_b)
+    assert len(dom.by_id("tasks").find_all("tbody")[0].find_all("tr")) == 500
+    steps = [tr.find_all("td")[5].attrs["data-sort"] for tr in dom.by_id("tasks").find_all("tbody")[0].find_all("tr")]
+    assert [int(x) for x in steps] == sorted(int(x) for x in steps), "sorted by A's steps (#sort=steps_a)"
+    assert len(dom.by_id("chart-repos").find_all("g")) == 2 * 12  # a bar per run per repository
+
+
 def test_console_check_sees_errors_and_csp_violations(pages):
     """The positive controls: the CONSOLE lines this test reads do catch errors and blocked scripts."""
     assert any("control-error" in line for line in pages["control"][2]), pages["control"][2]
@@ -199,8 +270,9 @@ def test_renders_in_chromium_without_console_messages(pages):
     assert dom.find_all("html")[0].attrs.get("data-report-ready") == "1", "the page's script did not finish"
     assert row_ids(dom) == [r["instance_id"] for r in pages["report"]["instances"]]
     assert len(dom.find_all("details", class_="traj")) == 3
-    assert len(dom.by_id("chart-steps").find_all("rect")) == 3
-    assert len(dom.by_id("chart-wall").find_all("rect")) == 3
+    for chart in ("hist-steps", "hist-tokens", "hist-wall", "hist-cost"):
+        assert sum(int(r.attrs["data-count"]) for r in dom.by_id(chart).find_all("rect")) == 3, chart
+    assert len(dom.by_id("chart-repos").find_all("g")) == 3  # three repositories, a bar each
     assert pages["seconds"] < 30, f"chromium took {pages['seconds']:.1f}s"
 
 
@@ -231,19 +303,24 @@ def test_numbers_in_the_dom_are_report_json(pages):
     # the sample's own numbers, so a formatting change is seen too
     assert (dom.by_id("resolved-rate").text(), ci.text(), dom.by_id("cost").text()) == ("50.0%", "9.0% – 91.0%",
                                                                                         "$0.0123")
-    columns = [("instance_id", str), ("outcome", str), ("end_reason", str), ("steps", fmt_int),
-               ("wall_seconds", fmt_seconds), ("tokens_in", fmt_int), ("tokens_out", fmt_int),
-               ("cost_usd", fmt_cost), ("cost.env_cpu_seconds", fmt_cpu), ("cost.test_cpu_seconds", fmt_cpu)]
+    text = str
+    columns = [("instance_id", text), ("repo", text), ("outcome", text), ("end_reason", text), ("steps", fmt_int),
+               ("invalid_calls", fmt_int), ("format_errors", fmt_int), ("wall_seconds", fmt_seconds),
+               ("tokens_in", fmt_int), ("tokens_out", fmt_int), ("cost_usd", fmt_cost),
+               ("cost.env_cpu_seconds", fmt_cpu), ("cost.test_cpu_seconds", fmt_cpu), ("mask_reason", text)]
     heads = [th.attrs["data-key"] for th in dom.by_id("tasks").find_all("th")]
     assert heads == [c for c, _ in columns]
     rows = dom.by_id("tasks").find_all("tbody")[0].find_all("tr")
+    repos = {"patchgym__semverkit-1": "patchgym/semverkit", "patchgym__calc-2": "patchgym/calc",
+             "patchgym__tomlette-3": "patchgym/tomlette"}  # the sample's rows predate "repo": from their ids
     for tr, inst in zip(rows, rep["instances"], strict=True):
         cells = [td.text().strip() for td in tr.find_all("td")]
-        values = [inst["cost"][key[5:]] if key.startswith("cost.") else inst[key] for key, _ in columns]
-        assert cells == [fmt(v) for v, (_, fmt) in zip(values, columns, strict=True)], inst["instance_id"]
-    for chart, key in (("chart-steps", "steps"), ("chart-wall", "wall_seconds")):
-        bars = [json.loads(r.attrs["data-value"]) for r in dom.by_id(chart).find_all("rect")]
-        assert bars == [inst[key] for inst in rep["instances"]]
+        row = {**inst, "repo": repos[inst["instance_id"]]}
+        values = [row["cost"][key[5:]] if key.startswith("cost.") else row.get(key) for key, _ in columns]
+        expected = [("" if v is None else v) if fmt is text else fmt(v) for v, (_, fmt) in zip(values, columns,
+                                                                                               strict=True)]
+        assert cells == expected, inst["instance_id"]
+    assert rows[2].find_all("td", class_="why")[0].text() == rep["instances"][2]["mask_reason"]
 
 
 def test_hostile_model_output_is_text(pages):
@@ -401,7 +478,7 @@ def test_missing_and_partial_files_are_noted(tmp_path):
     masked = dom.find_all("details", data_instance_id="patchgym__tomlette-3")[0].text()
     assert "masked" in masked  # its line was cut: no trajectory, but the mask reason from report.json
     cells = [td.text() for td in dom.find_all("tr", data_instance_id="late-1")[0].find_all("td")]
-    assert cells[3:] == ["—"] * 7  # steps, wall, tokens, cost, env and test CPU
+    assert cells[4:] == ["—"] * 9 + [""]  # steps, slips, wall, tokens, cost, env and test CPU; no mask reason
 
     run = sample_copy(tmp_path, "ungraded")
     dom = parse(render_report(run))
@@ -423,21 +500,48 @@ def test_big_tool_outputs_are_truncated(tmp_path):
     assert f"truncated: {len(huge) - MAX_OUTPUT_CHARS:,} of {len(huge):,} characters not shown" in html_text
 
 
-def synthetic_run(run_dir: Path, tasks: int, steps: int, output_chars: int = 1500) -> None:
-    """A run of ``tasks`` episodes of ``steps`` tool calls each (bash, then a ~``output_chars`` output)."""
+REPOS = ("django/django", "sympy/sympy", "scikit-learn/scikit-learn", "sphinx-doc/sphinx", "pytest-dev/pytest",
+         "matplotlib/matplotlib", "astropy/astropy", "pydata/xarray", "pylint-dev/pylint", "psf/requests",
+         "pallets/flask", "mwaskom/seaborn")
+
+
+def synthetic_run(run_dir: Path, tasks: int, steps: int, output_chars: int = 1500, *, varied: bool = False,
+                  seed: int = 0) -> None:
+    """A run of ``tasks`` episodes of ``steps`` tool calls each (bash, then a ~``output_chars`` output).
+    ``varied``: as a real run looks, tasks over a dozen repositories of uneven size and skill,
+    1..``steps`` tool calls each, tokens, wall time and cost to match, some refused tool calls and
+    format errors, masked episodes with their reasons (``seed`` picks them: two seeds are two runs
+    of the same tasks)."""
+    import random
+
+    rng = random.Random(seed)
     run_dir.mkdir()
     rows, out = [], []
     body = ("tests/test_mod.py::test_case PASSED <b>&</b>\n" * (output_chars // 44 + 1))[:output_chars]
     for t in range(tasks):
-        iid = f"synth__repo-{t}"
-        outcome = ("resolved", "unresolved", "masked")[t % 3]
-        row = {"instance_id": iid, "outcome": outcome, "end_reason": "submitted", "reward": float(t % 3 == 0),
-               "steps": steps, "wall_seconds": 10.0 + t % 17, "tokens_in": 1000 * steps, "tokens_out": 100 * steps,
-               "cost_usd": 0.001 * steps, "cost": {"env_cpu_seconds": 1.5, "test_cpu_seconds": 2.0},
-               "mask_reason": None}
+        # the same task (and repository) under every seed, so that two seeds are two runs of one task set
+        repo = REPOS[min(len(REPOS) - 1, int(random.Random(t).expovariate(0.35)))] if varied else "synth/repo"
+        iid = f"{repo.replace('/', '__')}-{t}"
+        if varied:
+            skill = 0.25 + 0.5 * REPOS.index(repo) / len(REPOS)
+            outcome = "masked" if rng.random() < 0.04 else "resolved" if rng.random() < skill else "unresolved"
+            n = max(1, min(steps, int(rng.lognormvariate(2.8, 0.5))))
+        else:
+            outcome, n = ("resolved", "unresolved", "masked")[t % 3], steps
+        tokens_in = 1000 * n + (rng.randrange(20_000) if varied else 0)
+        row = {"instance_id": iid, "repo": repo, "outcome": outcome,
+               "end_reason": "model_error" if outcome == "masked" and varied else "submitted",
+               "reward": float(outcome == "resolved"), "steps": n, "turns": n,
+               "invalid_calls": rng.choice((0, 0, 0, 1, 2)) if varied else 0,
+               "format_errors": rng.choice((0, 0, 0, 0, 1)) if varied else 0,
+               "wall_seconds": round(rng.lognormvariate(4.5, 0.6), 1) if varied else 10.0 + t % 17,
+               "tokens_in": tokens_in, "tokens_out": 100 * n, "cost_usd": round((tokens_in * 3 + 100 * n * 15) / 1e6, 6),
+               "cost": {"env_cpu_seconds": 1.5, "test_cpu_seconds": 2.0},
+               "mask_reason": ("the model answered 503: {'error': 'overloaded'} (after 5 attempts)"
+                               if outcome == "masked" and varied else None)}
         rows.append(row)
         msgs = [{"role": "system", "content": "You are an agent." * 20}, {"role": "user", "content": "issue " * 200}]
-        for s in range(steps):
+        for s in range(n):
             msgs.append({"role": "assistant", "content": f"step {s}: let me look", "tool_calls": [
                 {"id": f"c{s}", "type": "function",
                  "function": {"name": "bash", "arguments": json.dumps({"command": f"grep -rn thing src | head -{s}"})}}]})
@@ -447,11 +551,17 @@ def synthetic_run(run_dir: Path, tasks: int, steps: int, output_chars: int = 150
                                    "FAIL_TO_PASS": {"success": ["t::a"], "failure": []},
                                    "PASS_TO_PASS": {"success": [f"t::p{i}" for i in range(50)], "failure": []}}}}}))
     (run_dir / "trajectories.jsonl").write_text("\n".join(out) + "\n")
+    scored = [r for r in rows if r["outcome"] != "masked"]
+    resolved = sum(r["outcome"] == "resolved" for r in scored)
     (run_dir / "report.json").write_text(json.dumps({
-        "model": "m", "total": tasks, "completed": tasks, "resolved": tasks // 3, "masked": tasks // 3,
-        "scored": tasks - tasks // 3, "resolved_rate": 0.5, "ci95": [0.45, 0.55], "tokens_in": 1, "tokens_out": 1,
-        "cost_usd": 1.0, "wall_seconds": 1.0, "cost": {"env_cpu_seconds_mean": 1.0}, "steps_total": tasks * steps,
-        "instances": rows}))
+        "model": "m", "total": tasks, "completed": tasks, "resolved": resolved, "masked": tasks - len(scored),
+        "scored": len(scored), "resolved_rate": round(resolved / len(scored), 4) if scored else None,
+        "ci95": [round(x, 4) for x in wilson(resolved, len(scored))], "tokens_in": sum(r["tokens_in"] for r in rows),
+        "tokens_out": sum(r["tokens_out"] for r in rows), "cost_usd": round(sum(r["cost_usd"] for r in rows), 4),
+        "price": {"input_per_mtok": 3.0, "output_per_mtok": 15.0},
+        "wall_seconds": round(sum(r["wall_seconds"] for r in rows), 1), "cost": {"env_cpu_seconds_mean": 1.0},
+        "steps_total": sum(r["steps"] for r in rows), "invalid_calls_total": sum(r["invalid_calls"] for r in rows),
+        "format_errors_total": sum(r["format_errors"] for r in rows), "instances": rows}))
 
 
 def test_a_big_run_renders_quickly(tmp_path):
@@ -476,3 +586,77 @@ def test_the_page_has_a_text_budget(tmp_path):
     notes = parse(small).by_id("notes").text()
     assert "at most 100,000 characters of trajectory text: from synth__repo-" in notes
     assert "truncated: 4,000 of 5,000 characters not shown" in small
+
+
+def test_without_prices_dollars_are_not_zero_but_unknown(tmp_path):
+    run = sample_copy(tmp_path)
+    for name in ("run.json", "report.json"):
+        data = json.loads((run / name).read_text())
+        data["price"] = {"input_per_mtok": 0.0, "output_per_mtok": 0.0}
+        if name == "report.json":
+            data["cost_usd"] = 0.0
+            for inst in data["instances"]:
+                inst["cost_usd"] = 0.0
+        (run / name).write_text(json.dumps(data))
+    dom = parse(render_report(run))
+    assert dom.by_id("cost").text() == "no price given"
+    assert "cost_usd" not in [th.attrs["data-key"] for th in dom.by_id("tasks").find_all("th")]
+    assert [n for n in dom.iter() if n.attrs.get("id") == "hist-cost"] == [] and "$0.0000" not in dom.text()
+
+
+def test_report_of_an_evaluation_and_of_two_side_by_side(calc_tasks_file, tmp_path):
+    """`patchgym report` on the output directory of `patchgym eval` (before: a page titled
+    "patchgym run · ?" with dashes everywhere), on it beside another, and on what is neither."""
+    from typer.testing import CliRunner
+
+    from patchgym.cli import app
+
+    runner = CliRunner()
+    gold, empty = tmp_path / "gold", tmp_path / "empty"
+    for name, out in (("gold", gold), ("empty", empty)):
+        graded = runner.invoke(app, ["eval", "--predictions", name, "--tasks", str(calc_tasks_file), "--output",
+                                     str(out)])
+        assert graded.exit_code == 0, graded.output
+    made = runner.invoke(app, ["report", str(gold)])
+    assert made.exit_code == 0 and made.output.strip() == f"wrote {gold / 'report.html'}", made.output
+    dom = parse((gold / "report.html").read_text())
+    assert dom.find_all("title")[0].text() == "patchgym evaluation · gold"
+    assert row_ids(dom) == ["fixture__calc-1"]
+    assert dom.by_id("resolved-rate").text() == "100.0%" and dom.by_id("masked").text() == "0"
+    heads = [th.attrs["data-key"] for th in dom.by_id("tasks").find_all("th")]
+    assert heads == ["instance_id", "repo", "outcome", "end_reason", "wall_seconds", "cost.env_cpu_seconds",
+                     "cost.test_cpu_seconds", "mask_reason"]
+    cells = [td.text() for td in dom.by_id("tasks").find_all("tr", data_instance_id="fixture__calc-1")[0]
+             .find_all("td")]
+    assert cells[:4] == ["fixture__calc-1", "fixture/calc", "resolved", "resolved"] and cells[4] != "—"
+    shown = dom.by_id("trajectories").text()
+    assert "raise ValueError" in shown and "test_mean_empty" in shown and "conversation" not in shown
+    assert [n for n in dom.iter() if n.attrs.get("id") in ("tokens-in", "steps-total")] == []
+    assert "params predictions=" in " ".join(dom.find_all("p", class_="meta")[0].text().split())
+
+    side = runner.invoke(app, ["report", str(gold), str(empty), "--output", str(tmp_path / "cmp.html")])
+    assert side.exit_code == 0, side.output
+    cmp = parse((tmp_path / "cmp.html").read_text())
+    assert json.loads(cmp.by_id("difference").attrs["data-value"]) == 1.0 and cmp.by_id("only-a").text() == "1"
+    assert [td.text() for td in cmp.by_id("tasks").find_all("td")][:5] == [
+        "fixture__calc-1", "fixture/calc", "resolved", "unresolved", "only A resolved"]
+
+    for neither in (tmp_path, tmp_path / "no-such-dir"):
+        refused = runner.invoke(app, ["report", str(neither)])
+        assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+        assert "takes the directory of a `patchgym run` or of a `patchgym eval`" in refused.output
+
+
+def test_histograms_bin_every_task_and_keep_a_long_tail_in_the_last_bin():
+    from patchgym.rollouts.html_report.charts import histogram
+
+    rows = [{"outcome": "resolved", "v": v} for v in range(100)] + [{"outcome": "masked", "v": 10_000},
+                                                                    {"outcome": "unresolved", "v": None}]
+    h = histogram("h", "t", rows, lambda r: r["v"], fmt_int, integer=True)
+    assert sum(b[5] for b in h.bars) == 101 and h.shown == 101 and h.missing == 1
+    edge = max(float(b[1]) for b in h.bars)
+    last = [b for b in h.bars if float(b[1]) == edge]  # the last bin's segments, by outcome
+    assert [b[0] for b in last] == ["o-resolved", "o-masked"] and last[0][6] == "≥ 95: 6 task(s) (resolved 5, masked 1)"
+    assert edge < h.left + h.plot_w, "the outlier did not stretch the axis"
+    assert h.summary == "median 50 · p90 90 · max 10,000"
+    assert histogram("h", "t", [{"v": None}], lambda r: r["v"], fmt_int).bars is None

@@ -48,7 +48,7 @@ def test_json_of_the_same_tables(tmp_path):
     path.write_text(json.dumps({"MAP_REPO_VERSION_TO_SPECS": tables.specs, "MAP_REPO_TO_REQS_PATHS": tables.reqs_paths,
                                 "REPLACE_REQ_PACKAGES": [["types-pkg_resources", "types-setuptools"], ["nose", None]]}))
     loaded = load_spec_tables(path)
-    assert loaded.specs == tables.specs and loaded.reqs_paths == tables.reqs_paths
+    assert loaded.specs == tables.specs and {r: loaded.reqs_paths[r] for r in tables.reqs_paths} == tables.reqs_paths
     assert loaded.replace_req_packages == (("types-pkg_resources", "types-setuptools"), ("nose", None))
     plain = tmp_path / "specs.json"
     plain.write_text(json.dumps({"sqlfluff/sqlfluff": tables.specs["sqlfluff/sqlfluff"]}))
@@ -204,3 +204,39 @@ def test_unread_requirements_are_installed_from_swebenchs_paths_at_build_time(sq
     ran = subprocess.run(["bash", "-c", step.replace("python -m pip install -r", "cat")], cwd=work,
                          capture_output=True, text=True)
     assert ran.returncode == 0 and ran.stdout == "flake8\n"
+
+
+def _installed(task) -> list[str]:
+    """The requirement lines the first install step hands pip (its here-document)."""
+    first = task.environment.install[0]
+    listed = subprocess.run(["bash", "-c", first.replace("python -m pip install -r /dev/stdin", "cat")],
+                            capture_output=True, text=True, check=True).stdout
+    return [line for line in listed.split("\n") if line.strip()]
+
+
+def test_a_spec_map_alone_gets_swebenchs_requirement_paths_and_rewrites(sqlfluff_repo, tmp_path):
+    """The spec map alone (as many forks publish it) holds no MAP_REPO_TO_REQS_PATHS nor
+    REPLACE_REQ_PACKAGES: SWE-bench's harness applies its own to every spec, and so does patchgym
+    (else sqlfluff's build asks PyPI for types-pkg_resources, which it no longer has). A file of
+    the constants' tables overrides them."""
+    repo, env_commit, base = sqlfluff_repo
+    row = {"instance_id": "sqlfluff__sqlfluff-5", "repo": "sqlfluff/sqlfluff", "base_commit": base,
+           "environment_setup_commit": env_commit, "version": "2.0", "problem_statement": "x", "patch": "",
+           "test_patch": "", "FAIL_TO_PASS": ["test/a_test.py::test_a"], "PASS_TO_PASS": []}
+    specs = read_constants(CONSTANTS).specs["sqlfluff/sqlfluff"]
+    plain = tmp_path / "specs.json"
+    plain.write_text(json.dumps({"sqlfluff/sqlfluff": specs}))
+    tables = load_spec_tables(plain)
+    result = import_rows([("line 1", row)], repos=repo.parent, output=tmp_path / "t.jsonl", specs=tables.specs,
+                         constants=tables)
+    (task,) = result.tasks
+    assert result.environment_source == {"sqlfluff__sqlfluff-5": "specs"} and not result.warnings
+    assert _installed(task) == ["click>=7.1", "colorama>=0.3", "flake8", "types-setuptools", "types-toml"]
+
+    own = tmp_path / "constants.json"
+    own.write_text(json.dumps({"MAP_REPO_VERSION_TO_SPECS": {"sqlfluff/sqlfluff": specs},
+                               "REPLACE_REQ_PACKAGES": [["types-pkg_resources", None], ["flake8", "ruff"]]}))
+    tables = load_spec_tables(own)
+    result = import_rows([("line 1", row)], repos=repo.parent, output=tmp_path / "t2.jsonl", specs=tables.specs,
+                         constants=tables)
+    assert _installed(result.tasks[0]) == ["click>=7.1", "colorama>=0.3", "ruff", "types-toml"]

@@ -1,5 +1,6 @@
-"""The page: a run directory read, turned into the templates' values, rendered by Jinja2 with
-autoescape on (so escaping is the default, not a discipline), written atomically."""
+"""The page: a run's or an evaluation's directory read (:mod:`.sources`), turned into the
+templates' values, rendered by Jinja2 with autoescape on (so escaping is the default, not a
+discipline), written atomically."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from typing import Any
 
 import jinja2
 
-from patchgym.rollouts.html_report.charts import bar_chart
-from patchgym.rollouts.html_report.formats import fmt_int, fmt_seconds
-from patchgym.rollouts.html_report.reading import RunReportMissing, read_json, read_jsonl
-from patchgym.rollouts.html_report.summary import COLUMNS, cards, run_meta, table
+from patchgym.rollouts.html_report.charts import Histogram, histogram, rate_bars, repo_rates
+from patchgym.rollouts.html_report.compare import compare
+from patchgym.rollouts.html_report.formats import fmt_cost, fmt_cpu, fmt_int, fmt_seconds, num
+from patchgym.rollouts.html_report.reading import RunReportMissing
+from patchgym.rollouts.html_report.sources import Source, read_source
+from patchgym.rollouts.html_report.summary import cards, columns, field, priced, run_meta, table
 from patchgym.rollouts.html_report.text import MAX_OUTPUT_CHARS, MAX_PAGE_CHARS, Budget
 from patchgym.rollouts.html_report.trajectory import trajectory
 
-__all__ = ["RunReportMissing", "environment", "render_report", "write_report"]
+__all__ = ["RunReportMissing", "environment", "render_comparison", "render_report", "write_comparison",
+           "write_report"]
 
 
 @functools.lru_cache(maxsize=2)
@@ -45,27 +49,38 @@ def _assets() -> tuple[str, str, str]:
     return css, js, csp
 
 
-def _context(run_dir: Path, max_output_chars: int, max_page_chars: int) -> dict[str, Any]:
-    notes: list[str] = []
-    report = read_json(run_dir / "report.json", notes, required=True)
-    if not isinstance(report, dict):
-        raise ValueError(f"{run_dir / 'report.json'}: not a JSON object")
-    run = read_json(run_dir / "run.json", notes)
-    trajectories = read_jsonl(run_dir / "trajectories.jsonl", notes)
-    if trajectories is None:
-        notes.append("trajectories.jsonl is missing (no episode finished yet?): no trajectories to show.")
-    predictions = read_jsonl(run_dir / "predictions.jsonl", notes)
-    if predictions is None:
-        notes.append("predictions.jsonl is missing.")
+def distributions(source: Source, has_price: bool) -> list[Histogram]:
+    """The histograms of a page: what each task took (a run's steps, tokens, wall time and, when
+    priced, dollars; an evaluation's grading time and test CPU)."""
+    rows = source.rows
+    if source.kind == "eval":
+        return [histogram("hist-wall", "grading wall time (s)", rows, lambda r: r.get("wall_seconds"), fmt_seconds),
+                histogram("hist-test-cpu", "test CPU (s)", rows, lambda r: field(r, "cost.test_cpu_seconds"),
+                          fmt_cpu)]
+    charts = [histogram("hist-steps", "steps per episode", rows, lambda r: r.get("steps"), fmt_int, integer=True),
+              histogram("hist-tokens", "tokens per episode (in + out)", rows, _tokens, fmt_int, integer=True),
+              histogram("hist-wall", "wall time per episode (s)", rows, lambda r: r.get("wall_seconds"), fmt_seconds)]
+    if has_price:
+        charts.append(histogram("hist-cost", "model cost per episode (USD)", rows, lambda r: r.get("cost_usd"),
+                                fmt_cost))
+    return charts
 
-    rows = [r for r in (report.get("instances") or []) if isinstance(r, dict)]
-    if not isinstance(report.get("instances"), list):
-        notes.append("report.json has no instances list: no per-task rows.")
+
+def _tokens(row: dict) -> float | None:
+    ins, outs = num(row.get("tokens_in")), num(row.get("tokens_out"))
+    return None if ins is None and outs is None else (ins or 0) + (outs or 0)
+
+
+def _context(run_dir: Path, max_output_chars: int, max_page_chars: int) -> dict[str, Any]:
+    source = read_source(run_dir)
+    report, run, trajectories, predictions, notes = (source.report, source.run, source.trajectories,
+                                                     source.predictions, source.notes)
+    rows = source.rows
     by_traj: dict[str, dict] = {}
     for t in trajectories or []:
         by_traj[str(t.get("instance_id"))] = t  # the last line of an instance wins (a resumed run)
     by_pred = {str(p.get("instance_id")): p for p in predictions or []}
-    if isinstance(run, dict) and isinstance(run.get("tasks"), list):
+    if source.kind == "run" and isinstance(run, dict) and isinstance(run.get("tasks"), list):
         done = {str(r.get("instance_id")) for r in rows}
         pending = [t for t in run["tasks"] if str(t) not in done]
         if pending:
@@ -88,13 +103,17 @@ def _context(run_dir: Path, max_output_chars: int, max_page_chars: int) -> dict[
     if budget.exhausted_at is not None:
         notes.append(f"The page shows at most {max_page_chars:,} characters of trajectory text: from "
                      f"{budget.exhausted_at} on, each output is cut to {budget.small:,} characters.")
+    has_price = priced(report, run)
+    cols = columns(source.kind, has_price)
     css, js, csp = _assets()
     return {
-        "model": report.get("model") or (run.get("model") if isinstance(run, dict) else None) or "?",
-        "css": css, "js": js, "csp": csp, "meta": run_meta(run), "notes": notes, "cards": cards(report),
-        "columns": COLUMNS, "rows": table(rows),
-        "charts": [bar_chart("chart-steps", "steps per task", rows, "steps", fmt_int, " steps"),
-                   bar_chart("chart-wall", "wall time per task (s)", rows, "wall_seconds", fmt_seconds, " s")],
+        "kind": source.kind, "model": source.name,
+        "css": css, "js": js, "csp": csp, "meta": run_meta(run), "notes": notes,
+        "cards": cards(report, kind=source.kind, has_price=has_price),
+        "columns": cols, "rows": table(rows, cols),
+        "repos": rate_bars("chart-repos", "resolved rate by repository", [(source.name, "s-a")],
+                           [[r] for r in repo_rates(rows)]) if rows else None,
+        "charts": distributions(source, has_price),
         "has_trajectories": trajectories is not None, "trajectories": views,
     }
 
@@ -120,6 +139,23 @@ def render_report(run_dir: Path, *, max_output_chars: int = MAX_OUTPUT_CHARS,
     finally:
         if paused:
             gc.enable()
+    return _utf8(text)
+
+
+def render_comparison(dir_a: Path, dir_b: Path) -> str:
+    """The page of two runs side by side (:mod:`.compare`): each may be a run's directory or an
+    evaluation's; raises as :func:`render_report` does for either."""
+    css, js, csp = _assets()
+    return _utf8(environment().get_template("compare.html.j2").render(
+        {"c": compare(Path(dir_a), Path(dir_b)), "css": css, "js": js, "csp": csp}))
+
+
+def write_comparison(dir_a: Path, dir_b: Path, output: Path) -> Path:
+    """Write :func:`render_comparison` to ``output`` (atomically); returns it."""
+    return _write(Path(output), render_comparison(dir_a, dir_b))
+
+
+def _utf8(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates from JSON escapes in model output
@@ -127,12 +163,14 @@ def render_report(run_dir: Path, *, max_output_chars: int = MAX_OUTPUT_CHARS,
     return text
 
 
-def write_report(run_dir: Path, **kwargs: Any) -> Path:
-    """Render the report of ``run_dir`` and write it to ``run_dir/report.html``; returns that path."""
-    run_dir = Path(run_dir)
-    path = run_dir / "report.html"
-    text = render_report(run_dir, **kwargs)
+def _write(path: Path, text: str) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def write_report(run_dir: Path, output: Path | None = None, **kwargs: Any) -> Path:
+    """Render the report of ``run_dir`` and write it to ``output`` (default ``run_dir/report.html``);
+    returns that path."""
+    return _write(Path(output) if output else Path(run_dir) / "report.html", render_report(run_dir, **kwargs))

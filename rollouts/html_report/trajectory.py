@@ -149,6 +149,7 @@ class Trajectory:
     diff: Diff | None = None
     has_prediction: bool = False
     tests: Tests | None = None
+    slips: str = ""  # the model's invalid tool calls and format errors, when it made any
 
 
 def trajectory(i: int, row: dict, traj: dict | None, prediction: dict | None, budget: Budget,
@@ -159,6 +160,9 @@ def trajectory(i: int, row: dict, traj: dict | None, prediction: dict | None, bu
     view = Trajectory(i, iid, outcome, outcome_class(outcome), row.get("end_reason") or "",
                       fmt_int(row.get("steps")), row.get("steps") != 1, fmt_seconds(row.get("wall_seconds")),
                       extra, row.get("mask_reason"), traj is not None)
+    view.slips = ", ".join(f"{n:,} {what}{'s' if n != 1 else ''}" for what, n in (
+        ("invalid tool call", row.get("invalid_calls")), ("format error", row.get("format_errors")))
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0)
     if traj is None:
         if prediction is not None:
             view.has_prediction = True

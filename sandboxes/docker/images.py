@@ -93,6 +93,7 @@ from patchgym.sandboxes.installer import uv_executable
 from patchgym.sandboxes.lifetime import run_checked
 from patchgym.sandboxes.locks import file_lock
 from patchgym.sandboxes.paths import cache_dir
+from patchgym.sandboxes.phases import log as phase_log
 from patchgym.sandboxes.reaper import owned_name
 from patchgym.sandboxes.repos import _source_id, pristine_checkout
 
@@ -152,7 +153,9 @@ def _lock_path(name: str) -> Path:
 
 
 def _report(progress: Progress, message: str) -> None:
-    log.info("%s", message)
+    """A build step said: to ``progress`` (the images commands show it), else as a phase line
+    (an image built on the way to a sandbox, :mod:`patchgym.sandboxes.phases`)."""
+    (log if progress is not None else phase_log).info("%s", message)
     if progress is not None:
         progress(message)
 
