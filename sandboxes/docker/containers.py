@@ -69,9 +69,11 @@ def tmpfs_mounts(image: str, limits: ResourceLimits) -> dict[str, str]:
     }
 
 
-def start_container(image: str, limits: ResourceLimits, lifetime: int, network: bool):
+def start_container(image: str, limits: ResourceLimits, lifetime: int, network: bool,
+                    binds: dict[str, str] | None = None):
     """Start a container for ``image`` whose main process is the command server, and wait until
-    the server has filled /testbed. Return the container and a connection to its server."""
+    the server has filled /testbed. Return the container and a connection to its server.
+    ``binds``: host paths mounted read-only at the container paths given."""
     import docker
     import docker.errors
 
@@ -85,10 +87,12 @@ def start_container(image: str, limits: ResourceLimits, lifetime: int, network: 
     ]
     for attempt in range(2):
         volume = runtime_volume()
+        mounts = {volume: {"bind": RUNTIME_MOUNT, "mode": "ro"},
+                  **{host: {"bind": target, "mode": "ro"} for host, target in (binds or {}).items()}}
         host_config = api.create_host_config(
             auto_remove=True, network_mode=None if network else "none", mem_limit=limits.memory_bytes,
             memswap_limit=limits.memory_bytes, pids_limit=limits.max_processes, nano_cpus=int(limits.cpus * 1e9),
-            ulimits=ulimits, tmpfs=tmpfs_mounts(image, limits), binds={volume: {"bind": RUNTIME_MOUNT, "mode": "ro"}},
+            ulimits=ulimits, tmpfs=tmpfs_mounts(image, limits), binds=mounts,
             # The server's stdout carries every answer: none of it goes to a log file on the host.
             log_config=docker.types.LogConfig(type="none"))
         # create + start rather than run(): run() answers a missing image by pulling from a registry.
