@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,12 @@ class ModelProxy:
     """One episode's proxy (a context manager): ``url`` for harnesses on this host, ``unix_socket``
     for one in a sandbox. ``max_calls``: upstream calls the episode may make (None: no bound).
     ``record_tokens``: ``auto`` asks for token ids and stops asking an endpoint that refuses the
-    fields; ``on`` always asks; ``off`` never does."""
+    fields; ``on`` always asks; ``off`` never does. ``on_stop(reason)`` is called once, when the
+    proxy starts refusing calls (an in-sandbox harness is stopped then)."""
 
     def __init__(self, config: ModelConfig, *, max_calls: int | None = None, record_tokens: str = "auto",
-                 unix_socket: Path | None = None, chat: ChatModel | None = None) -> None:
+                 unix_socket: Path | None = None, chat: ChatModel | None = None,
+                 on_stop: Callable[[str], None] | None = None) -> None:
         if record_tokens not in RECORD_TOKENS:
             raise ValueError(f"record_tokens must be one of {', '.join(RECORD_TOKENS)}, not {record_tokens!r}")
         self.config = config
@@ -67,6 +69,7 @@ class ModelProxy:
         self.overflow: str | None = None  # the last call that did not fit the model's context
         self.stopped: str | None = None  # why calls are refused now (budget, failure, stop())
         self.started = 0  # calls let through to the endpoint
+        self._on_stop = on_stop
         self._own_chat = chat is None
         self._chat = chat or ChatModel(config)
         self._lock = threading.Lock()
@@ -126,7 +129,10 @@ class ModelProxy:
     def stop(self, reason: str) -> None:
         """Refuse every further call (the first reason given stays)."""
         with self._lock:
+            first = self.stopped is None
             self.stopped = self.stopped or reason
+        if first and self._on_stop is not None:
+            self._on_stop(reason)
 
     # -- the API ----------------------------------------------------------------------------
 
@@ -165,11 +171,13 @@ class ModelProxy:
     def forward(self, api: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """One call of the harness: the status and JSON answer it gets; recorded either way."""
         with self._lock:
-            if self.stopped is None and self.max_calls is not None and self.started >= self.max_calls:
-                self.stopped = f"the episode's {self.max_calls} model calls are spent"
+            spent = self.stopped is None and self.max_calls is not None and self.started >= self.max_calls
             refused = self.stopped
-            if refused is None:
+            if refused is None and not spent:
                 self.started += 1
+        if spent:
+            self.stop(f"the episode's {self.max_calls} model calls are spent")
+            refused = self.stopped
         if refused is not None:
             return _refusal(refused)
         sent = self._outgoing(api, body)
@@ -229,17 +237,18 @@ class ModelProxy:
             except ValueError:
                 return exc.status, {"error": {"message": exc.text, "type": "invalid_request_error"}}
         except ModelError as exc:
-            with self._lock:
-                self.failure = self.failure or str(exc)
-                self.stopped = self.stopped or f"the model endpoint failed: {exc}"
+            self._failed(str(exc))
             record["outcome"] = "model_error"
             return 502, {"error": {"message": f"patchgym proxy: {exc}", "type": "model_error"}}
         except ValueError as exc:  # a 200 whose body is not JSON: the endpoint failing
-            with self._lock:
-                self.failure = self.failure or f"the model's answer is not JSON: {exc}"
-                self.stopped = self.stopped or self.failure
+            self._failed(f"the model's answer is not JSON: {exc}")
             record["outcome"] = "model_error"
             return 502, {"error": {"message": "patchgym proxy: the model's answer is not JSON", "type": "model_error"}}
+
+    def _failed(self, reason: str) -> None:
+        with self._lock:
+            self.failure = self.failure or reason
+        self.stop(f"the model endpoint failed: {reason}")
 
     # -- what a run keeps -------------------------------------------------------------------
 

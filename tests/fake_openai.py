@@ -3,6 +3,11 @@
 A script is a list of turns; the turn a request asks for is the number of assistant messages
 already in it. A turn is a reply (tool calls or text), or a failure: an HTTP status with a body, a
 delay past the client's deadline, or a refusal of ``tools``. Requests are recorded.
+
+Asked for them as vLLM is (``return_token_ids``, ``logprobs``), it returns token ids and
+log-probabilities: each message is tokenized on its own (role, content, tool calls: one id per
+word), so a conversation's prompt is its previous prompt, the reply and what came after, as a real
+chat template gives. ``/v1/responses`` answers the same scripts in the Responses API's shape.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +56,8 @@ class FakeModel:
         self.app = FastAPI()
         self.app.get("/healthz")(lambda: {"status": "ok"})
         self.app.post("/v1/chat/completions")(self._complete)
+        self.app.post("/v1/responses")(self._respond)
+        self.token_fields = True  # False: a server that refuses vLLM's token fields (400), as OpenAI's does
 
     def script_for(self, body: dict[str, Any]) -> tuple[str, list[Turn]]:
         user = next((m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"), "")
@@ -62,6 +70,9 @@ class FakeModel:
         body = await request.json()
         with self._lock:
             self.requests.append(body)
+        if not self.token_fields and "return_token_ids" in body:
+            return JSONResponse({"error": {"message": "Unrecognized request argument supplied: return_token_ids"}},
+                                status_code=400)
         if self.refuse_tools and body.get("tools"):
             return JSONResponse({"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice'}},
                                 status_code=400)
@@ -84,8 +95,48 @@ class FakeModel:
                 {"id": f"call_{turn_index}_{i}", "type": "function",
                  "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
                 for i, (name, args) in enumerate(turn.calls)]
-        return JSONResponse({"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
-                             "choices": [{"index": 0, "message": message,
-                                          "finish_reason": "tool_calls" if turn.calls else "stop"}],
-                             "usage": {"prompt_tokens": 100 + 10 * turn_index, "completion_tokens": 7,
+        choice: dict[str, Any] = {"index": 0, "message": message,
+                                  "finish_reason": "tool_calls" if turn.calls else "stop"}
+        answer: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion", "model": body.get("model"),
+                                  "choices": [choice],
+                                  "usage": {"prompt_tokens": 100 + 10 * turn_index, "completion_tokens": 7,
+                                            "total_tokens": 107 + 10 * turn_index}}
+        if body.get("return_token_ids"):
+            answer["prompt_token_ids"] = [t for m in body.get("messages", []) for t in tokens(m)]
+            choice["token_ids"] = tokens(message)
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": f"t{t}", "logprob": -0.5, "bytes": None, "top_logprobs": []}
+                                              for t in tokens(message)]}
+        return JSONResponse(answer)
+
+    async def _respond(self, request: Request) -> JSONResponse:
+        """The Responses API: the script's turn as output items (function calls or a message)."""
+        body = await request.json()
+        with self._lock:
+            self.requests.append(body)
+        items = body.get("input") if isinstance(body.get("input"), list) else [
+            {"role": "user", "content": body.get("input") or ""}]
+        _, script = self.script_for({"messages": [i for i in items if isinstance(i, dict) and "role" in i]})
+        turn_index = sum(1 for i in items if isinstance(i, dict) and (i.get("type") == "function_call" or
+                                                                      i.get("role") == "assistant"))
+        turn = script[turn_index] if turn_index < len(script) else Turn(text="I am done.")
+        output: list[dict[str, Any]] = [
+            {"type": "function_call", "id": f"fc_{turn_index}_{i}", "call_id": f"call_{turn_index}_{i}", "name": name,
+             "arguments": args if isinstance(args, str) else json.dumps(args), "status": "completed"}
+            for i, (name, args) in enumerate(turn.calls)]
+        if turn.text is not None:
+            output.append({"type": "message", "id": f"msg_{turn_index}", "role": "assistant", "status": "completed",
+                           "content": [{"type": "output_text", "text": turn.text, "annotations": []}]})
+        return JSONResponse({"id": f"resp_{turn_index}", "object": "response", "model": body.get("model"),
+                             "status": "completed", "output": output,
+                             "usage": {"input_tokens": 100 + 10 * turn_index, "output_tokens": 7,
                                        "total_tokens": 107 + 10 * turn_index}})
+
+
+def tokens(message: dict[str, Any]) -> list[int]:
+    """A message's token ids: one per word of its role, content and tool calls (name, arguments)."""
+    parts = [str(message.get("role") or ""), str(message.get("content") or "")]
+    for tool_call in message.get("tool_calls") or []:
+        function = tool_call.get("function") or {}
+        parts += [str(function.get("name") or ""), str(function.get("arguments") or "")]
+    return [zlib.crc32(word.encode()) % 150_000 for word in " ".join(parts).split()]

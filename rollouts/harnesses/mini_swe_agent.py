@@ -49,6 +49,9 @@ def _quiet_imports() -> None:
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+    import litellm
+
+    litellm.suppress_debug_info = True  # no "Provider List" banner when it cannot price a model
 
 
 def installed_version() -> str:
@@ -148,6 +151,7 @@ class MiniSweAgent:
     pattern = SANDBOX_AS_TOOL
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
+        _quiet_imports()
         self.version = installed_version()
         if self.version != TESTED_VERSION:
             log.warning("mini-swe-agent %s is installed; patchgym is tested with %s", self.version, TESTED_VERSION)
