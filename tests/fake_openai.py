@@ -50,6 +50,7 @@ class FakeModel:
         self.scripts: dict[str, list[Turn]] = {}
         self.default = default or []
         self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str] = []  # each request's Authorization header ("" when none)
         self.refuse_tools = False  # a model served without tool calling (vLLM without auto tool choice)
         self.failures_served: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
@@ -70,6 +71,7 @@ class FakeModel:
         body = await request.json()
         with self._lock:
             self.requests.append(body)
+            self.authorizations.append(request.headers.get("authorization", ""))
         if not self.token_fields and "return_token_ids" in body:
             return JSONResponse({"error": {"message": "Unrecognized request argument supplied: return_token_ids"}},
                                 status_code=400)
