@@ -69,6 +69,7 @@ class ModelProxy:
         self.overflow: str | None = None  # the last call that did not fit the model's context
         self.stopped: str | None = None  # why calls are refused now (budget, failure, stop())
         self.started = 0  # calls let through to the endpoint
+        self.budget_spent = False  # a call was refused for max_calls
         self._on_stop = on_stop
         self._own_chat = chat is None
         self._chat = chat or ChatModel(config)
@@ -176,6 +177,7 @@ class ModelProxy:
             if refused is None and not spent:
                 self.started += 1
         if spent:
+            self.budget_spent = True
             self.stop(f"the episode's {self.max_calls} model calls are spent")
             refused = self.stopped
         if refused is not None:

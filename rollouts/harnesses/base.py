@@ -20,7 +20,7 @@ from patchgym.sandboxes import Sandbox
 
 SANDBOX_AS_TOOL, AGENT_IN_SANDBOX = "sandbox", "in-sandbox"
 # How a harness's run ended (HarnessResult.status), beside "finished".
-STATUSES = ("finished", "crashed", "timed_out", "stopped")
+STATUSES = ("finished", "crashed", "timed_out", "stopped", "out_of_turns")
 
 
 @dataclass

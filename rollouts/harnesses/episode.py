@@ -38,7 +38,7 @@ from patchgym.tasks.catalog import TaskSet
 
 DEFAULT_TIME_LIMIT = 3600.0  # seconds a harness may run when the run sets no --time-limit
 GRADE_MARGIN = 0.8  # of a caller's deadline, the part the harness may use (the rest is the grading's)
-END_REASONS = {"finished": "finished", "crashed": "harness_crashed", "timed_out": "time_limit"}
+END_REASONS = {"crashed": "harness_crashed", "stopped": "time_limit", "out_of_turns": "max_turns"}
 
 
 def run_harness_episode(make_env: Callable[[dict[str, Any] | None], RepoEnv], task_set: TaskSet, harness: Harness,
@@ -104,19 +104,23 @@ def _drive(env: RepoEnv, harness: Harness, proxy: ModelProxy, bridge: Bridge | N
         mask_episode(episode, "model_error", proxy.failure)
         return
     _, reward, _, _, info = env.step({"name": "submit", "arguments": {}})
-    record_grade(episode, reward, info, _end_reason(result, proxy, max_turns))
+    record_grade(episode, reward, info, _end_reason(result, proxy))
 
 
-def _end_reason(result: HarnessResult, proxy: ModelProxy, max_turns: int) -> str:
+def _end_reason(result: HarnessResult, proxy: ModelProxy) -> str:
+    """Why the episode ended, most telling first: the harness's own ending (killed at the deadline,
+    crashed, stopped for the budget or the time), then what the model calls show."""
+    if result.status == "timed_out":
+        return "time_limit"
+    if proxy.budget_spent:  # however the harness took the refusal (stopped, gave up, crashed on it)
+        return "max_turns"
+    if result.status != "finished":
+        return END_REASONS.get(result.status, result.status)
     if not proxy.calls:
         return "no_model_call"
-    if result.status == "stopped" and proxy.started >= max_turns:
-        return "max_turns"
     if proxy.overflow is not None and proxy.calls[-1].get("outcome") == "context_overflow":
         return "context_overflow"
-    if result.status == "stopped":
-        return "time_limit"
-    return END_REASONS.get(result.status, result.status)
+    return "finished"
 
 
 def _record_calls(episode: Episode, proxy: ModelProxy) -> None:

@@ -187,7 +187,9 @@ class MiniSweAgent:
             return HarnessResult(status="crashed", detail=f"{type(exc).__name__}: {exc}"[:2000],
                                  steps=environment.steps)
         exit_status = str(info.get("exit_status") or "")
-        return HarnessResult(status="finished", exit_status=exit_status, steps=environment.steps)
+        # its own limits, set from the episode's: the deadline, and --max-turns as its step limit
+        status = {"TimeExceeded": "timed_out", "LimitsExceeded": "out_of_turns"}.get(exit_status, "finished")
+        return HarnessResult(status=status, exit_status=exit_status, steps=environment.steps)
 
 
 def _proxy_model(model_config: dict[str, Any], context: HarnessContext) -> Any:
