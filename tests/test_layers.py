@@ -24,7 +24,8 @@ FLOORS = {"sandboxes": 0, "tasks": 1, "grading": 2, "gym_envs": 3, "making": 3, 
 SANDBOX_SIDE = ("patchgym.grading.pytest_runtime", "patchgym.sandboxes.sandbox_init",
                 "patchgym.sandboxes.docker.diff_helper", "patchgym.sandboxes.bytecode_compile",
                 "patchgym.making.synth.reach_plugin", "patchgym.sandboxes.base", "patchgym.sandboxes.files",
-                "patchgym.sandboxes.output", "patchgym.sandboxes.process", "patchgym.sandboxes.gitops")
+                "patchgym.sandboxes.output", "patchgym.sandboxes.process", "patchgym.sandboxes.gitops",
+                "patchgym.rollouts.harnesses.sandbox_launcher")
 
 
 def floor_of(module: str) -> str | None:
