@@ -13,9 +13,11 @@ chat template gives. ``/v1/responses`` answers the same scripts in the Responses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,3 +144,14 @@ def tokens(message: dict[str, Any]) -> list[int]:
         function = tool_call.get("function") or {}
         parts += [str(function.get("name") or ""), str(function.get("arguments") or "")]
     return [zlib.crc32(word.encode()) % 150_000 for word in " ".join(parts).split()]
+
+
+@contextlib.contextmanager
+def scripted_endpoint() -> Iterator[FakeModel]:
+    """A :class:`FakeModel` on a real server; its API root (``.../v1``) in ``.url``."""
+    from tests.serving import serve
+
+    model = FakeModel()
+    with serve(model.app) as url:
+        model.url = f"{url}/v1"
+        yield model

@@ -20,7 +20,7 @@ from patchgym.rollouts.harnesses import harness_from_spec
 from patchgym.rollouts.harnesses.episode import run_harness_episode
 from patchgym.rollouts.model import ModelConfig
 from patchgym.tasks.catalog import load_task_set
-from tests.fake_openai import FakeModel, Turn, call
+from tests.fake_openai import Turn, call, scripted_endpoint
 from tests.serving import serve
 from tests.test_server import TASK
 
@@ -45,9 +45,7 @@ def command_agent(*args: str):
 
 @pytest.fixture(scope="module")
 def fake():
-    model = FakeModel()
-    with serve(model.app) as url:
-        model.url = f"{url}/v1"
+    with scripted_endpoint() as model:
         yield model
 
 

@@ -13,9 +13,14 @@ from patchgym.rollouts.harnesses import harness_from_spec
 from patchgym.rollouts.model import ModelConfig
 from patchgym.rollouts.run import RunOptions, run_model
 from patchgym.tasks.catalog import load_task_set
-from tests.fake_openai import FakeModel, call
-from tests.serving import serve
+from tests.fake_openai import FakeModel, call, scripted_endpoint
 from tests.test_harnesses import AGENT, SUBMIT
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    with scripted_endpoint() as model:
+        yield model
 
 pytestmark = pytest.mark.slow
 FEW = ("patchgym__dotenvkit-1", "patchgym__semverkit-2", "patchgym__textable-3")
@@ -27,14 +32,6 @@ def scripts(model: FakeModel, *, fix: bool) -> None:
     for task in load_task_set(None):
         apply = [call("bash", {"command": f"printf %s {shlex.quote(task.patch)} | git apply"})] if fix else []
         model.scripts[task.problem_statement.strip()[:200]] = [*apply, call("bash", {"command": SUBMIT})]
-
-
-@pytest.fixture(scope="module")
-def endpoint():
-    model = FakeModel()
-    with serve(model.app) as url:
-        model.url = f"{url}/v1"
-        yield model
 
 
 @pytest.mark.parametrize("spec", ["mini-swe-agent", "cmd"])

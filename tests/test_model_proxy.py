@@ -13,15 +13,12 @@ import pytest
 from patchgym.rollouts.model import ModelConfig
 from patchgym.rollouts.proxy import ModelProxy, expand_requests
 from patchgym.rollouts.samples import training_sample
-from tests.fake_openai import FakeModel, Turn, call, tokens
-from tests.serving import serve
+from tests.fake_openai import FakeModel, Turn, call, scripted_endpoint, tokens
 
 
 @pytest.fixture
 def fake():
-    model = FakeModel()
-    with serve(model.app) as url:
-        model.url = f"{url}/v1"
+    with scripted_endpoint() as model:
         yield model
 
 
