@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -158,8 +159,6 @@ class ModelProxy:
                 return _error(400, "the request body is not JSON")
             if not isinstance(body, dict):
                 return _error(400, "the request body is not a JSON object")
-            import anyio.to_thread
-
             status, answer = await anyio.to_thread.run_sync(lambda: self.forward(api, upstream_path, body),
                                                             abandon_on_cancel=True)
             if status == 200 and body.get("stream"):

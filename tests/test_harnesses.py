@@ -180,7 +180,7 @@ def test_patchgym_run_with_a_harness_and_the_server(fake, calc_tasks_file, calc_
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", "--model", "scripted", "--base-url", fake.url, "--output", str(out),
                                       "--tasks", str(calc_tasks_file), "--harness",
-                                      "cmd: python3 {harness_dir}/agent.py", "--harness-file", str(AGENT)])
+                                      "cmd: python3 {harness_dir}/harness_agent.py", "--harness-file", str(AGENT)])
     assert result.exit_code == 0, result.output
     assert "resolved 1/1" in result.output and "harness: cmd sha256:" in result.output
     report = json.loads((out / "report.json").read_text())

@@ -50,10 +50,8 @@ def run_harness_episode(make_env: Callable[[dict[str, Any] | None], RepoEnv], ta
     seconds the harness may run; ``deadline`` (``time.monotonic()``): a caller's own, of which the
     harness gets the first part (the grading the rest)."""
     started = time.monotonic()
-    limit = time_limit or DEFAULT_TIME_LIMIT
-    harness_deadline = started + limit
     if deadline is not None:
-        harness_deadline = min(harness_deadline, started + GRADE_MARGIN * max(0.0, deadline - started))
+        deadline = started + GRADE_MARGIN * max(0.0, deadline - started)
     episode = Episode(instance_id=instance_id, model=model.name, tool_mode="harness", harness=harness.describe())
     bridge: Bridge | None = None
     env: RepoEnv | None = None
@@ -66,7 +64,8 @@ def run_harness_episode(make_env: Callable[[dict[str, Any] | None], RepoEnv], ta
                            unix_socket=bridge.socket if bridge else None,
                            on_stop=bridge.stop if bridge else None)
         proxy.start()
-        _drive(env, harness, proxy, bridge, episode, max_turns=max_turns, deadline=harness_deadline)
+        _drive(env, harness, proxy, bridge, episode, max_turns=max_turns, time_limit=time_limit or DEFAULT_TIME_LIMIT,
+               deadline=deadline)
     finally:
         if proxy is not None:
             proxy.close()
@@ -80,11 +79,13 @@ def run_harness_episode(make_env: Callable[[dict[str, Any] | None], RepoEnv], ta
 
 
 def _drive(env: RepoEnv, harness: Harness, proxy: ModelProxy, bridge: Bridge | None, episode: Episode, *,
-           max_turns: int, deadline: float) -> None:
+           max_turns: int, time_limit: float, deadline: float | None) -> None:
     observation, info = env.reset(options={"task_id": episode.instance_id})
     if info.get("infrastructure_failure"):
         mask_episode(episode, "environment_error", observation)
         return
+    # the harness's time runs from a ready sandbox (building an environment is not its to spend)
+    deadline = min(time.monotonic() + time_limit, deadline if deadline is not None else float("inf"))
     inner = env.unwrapped
     assert inner.sandbox is not None and inner.task is not None
     context = HarnessContext(sandbox=inner.sandbox, problem_statement=inner.task.problem_statement,
