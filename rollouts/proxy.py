@@ -5,7 +5,7 @@ proxy forwards ``POST /v1/chat/completions`` and ``POST /v1/responses`` to the e
 :class:`~patchgym.rollouts.model.ModelConfig`, through :meth:`ChatModel.send`, so deadlines, retries
 and failure classes are those of ``patchgym run``, and records every exchange (:attr:`ModelProxy.calls`),
 with the token ids and log-probabilities where the endpoint returns them (it asks vLLM-style servers
-for them, and stops asking an endpoint that refuses the fields).
+for them, and stops asking an endpoint that refuses the fields: :mod:`patchgym.rollouts.token_ids`).
 
 What the harness cannot choose: the upstream (one endpoint per proxy), the key (the proxy adds it;
 the harness gets none, so none enters a sandbox), the model name and the run's sampling settings
@@ -14,8 +14,8 @@ After the budget is spent, the endpoint failed, or the episode was stopped, ever
 (400) and :attr:`ModelProxy.stopped` is set, so a harness ends instead of retrying.
 
 Streaming is answered from one upstream call: ``stream: true`` requests get the whole answer as
-server-sent events (one chunk for chat completions; ``response.created``, the output items and
-``response.completed`` for responses).
+server-sent events (:mod:`patchgym.rollouts.streaming`: one chunk for chat completions; for
+responses, the event sequence the OpenAI API sends, which Codex CLI and the OpenAI SDK read).
 
 It listens on a loopback TCP port (:attr:`ModelProxy.url`) and, when given one, on a unix socket: a
 sandbox without a network reaches the proxy only through that socket, bound into it
@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +39,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from patchgym.rollouts.model import ChatModel, ContextOverflow, ModelConfig, ModelError, RequestRejected
+from patchgym.rollouts.streaming import chat_events, responses_events
+from patchgym.rollouts.token_ids import ASK, token_info, without_token_fields
 
 MAX_BODY_BYTES = 32 << 20  # one request, as the harness sends it
 MAX_CONCURRENT_CALLS = 4  # a harness's calls in flight at once (the rest wait)
-# Fields the proxy adds to chat completions to get token ids and log-probabilities back: the
-# OpenAI API's logprobs, vLLM's return_token_ids (>= 0.10.2; older vLLM: tokens as "token_id:N").
-TOKEN_FIELDS = {"logprobs": True, "return_token_ids": True, "return_tokens_as_token_ids": True}
 RECORD_TOKENS = ("auto", "on", "off")
 APIS = {"/v1/chat/completions": ("chat", "/chat/completions"), "/v1/responses": ("responses", "/responses")}
 
@@ -76,7 +75,7 @@ class ModelProxy:
         self._chat = chat or ChatModel(config)
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_CALLS)
-        self._tokens_refused = record_tokens == "off"
+        self._tokens_refused: set[str] = set(ASK) if record_tokens == "off" else set()  # APIs not asked
         self._last_request: dict[str, Any] | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -162,7 +161,7 @@ class ModelProxy:
             status, answer = await anyio.to_thread.run_sync(lambda: self.forward(api, upstream_path, body),
                                                             abandon_on_cancel=True)
             if status == 200 and body.get("stream"):
-                events = _chat_events(answer, body) if api == "chat" else _responses_events(answer)
+                events = chat_events(answer, body) if api == "chat" else responses_events(answer)
                 return StreamingResponse(events, media_type="text/event-stream")
             return JSONResponse(answer, status_code=status)
 
@@ -185,12 +184,12 @@ class ModelProxy:
         started = time.monotonic()
         record: dict[str, Any] = {"api": api, "request": sent}
         with self._slots:
-            status, answer = self._call(path, sent, record)
+            status, answer = self._call(api, path, sent, record)
         record["seconds"] = round(time.monotonic() - started, 3)
         record["status"] = status
         if status == 200:
-            record.update(_token_info(answer) if api == "chat" else {})
-            record["response"] = _without_token_fields(answer)
+            record.update(token_info(api, answer))
+            record["response"] = without_token_fields(api, answer)
             usage = answer.get("usage") or {}
             record["tokens_in"] = int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
             record["tokens_out"] = int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
@@ -211,19 +210,19 @@ class ModelProxy:
         if self.config.max_tokens is not None:
             sent["max_output_tokens" if api == "responses" else "max_tokens"] = self.config.max_tokens
         sent.update(self.config.extra)
-        if api == "chat" and not self._tokens_refused:
-            sent.update(TOKEN_FIELDS)
+        if api not in self._tokens_refused:
+            sent.update(ASK[api])
         return sent
 
-    def _call(self, path: str, sent: dict[str, Any], record: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _call(self, api: str, path: str, sent: dict[str, Any], record: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         try:
             try:
                 return 200, self._chat.send(path, sent).json()
             except RequestRejected as exc:
-                if self.record_tokens != "auto" or not _names_token_fields(exc.text, sent):
+                if self.record_tokens != "auto" or not _names_token_fields(exc.text, sent, api):
                     raise
-                self._tokens_refused = True  # this endpoint does not take them: ask no more
-                for field in TOKEN_FIELDS:
+                self._tokens_refused.add(api)  # this endpoint does not take them: ask no more
+                for field in ASK[api]:
                     sent.pop(field, None)
                 return 200, self._chat.send(path, sent).json()
         except ContextOverflow as exc:
@@ -289,52 +288,9 @@ def _delta(previous: dict[str, Any] | None, sent: dict[str, Any]) -> dict[str, A
     return {**sent, key: items[shared:], "prefix": {"field": key, "items": shared}}
 
 
-def _names_token_fields(text: str, sent: dict[str, Any]) -> bool:
+def _names_token_fields(text: str, sent: dict[str, Any], api: str) -> bool:
     lowered = text.lower()
-    return any(field in lowered for field in TOKEN_FIELDS if field in sent)
-
-
-def _token_info(answer: dict[str, Any]) -> dict[str, Any]:
-    """Token ids and log-probabilities of a chat completion, where the endpoint returned them: vLLM's
-    ``prompt_token_ids`` and ``choices[0].token_ids``, or its "token_id:N" tokens in ``logprobs``."""
-    try:
-        choice = answer["choices"][0]
-    except (KeyError, IndexError, TypeError):
-        return {}
-    info: dict[str, Any] = {"finish_reason": choice.get("finish_reason")}
-    prompt = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
-    if _ints(prompt):
-        info["prompt_token_ids"] = list(prompt)
-    content = ((choice.get("logprobs") or {}).get("content")) or []
-    logprobs = [float(t["logprob"]) for t in content if isinstance(t, dict) and "logprob" in t]
-    ids = choice.get("token_ids")
-    if not _ints(ids) and content:
-        parsed = [_token_id(t.get("token")) for t in content if isinstance(t, dict)]
-        ids = parsed if parsed and all(i is not None for i in parsed) else None
-    if _ints(ids):
-        info["token_ids"] = list(ids)
-    if logprobs and (not _ints(ids) or len(logprobs) == len(ids)):
-        info["logprobs"] = logprobs
-    return info
-
-
-def _ints(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(i, int) for i in value)
-
-
-def _token_id(token: Any) -> int | None:
-    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
-        return int(token[9:])
-    return None
-
-
-def _without_token_fields(answer: dict[str, Any]) -> dict[str, Any]:
-    """The answer as recorded: token ids and log-probabilities are kept apart, once."""
-    out = {k: v for k, v in answer.items() if k != "prompt_token_ids"}
-    if isinstance(out.get("choices"), list):
-        out["choices"] = [{k: v for k, v in c.items() if k not in ("logprobs", "token_ids", "prompt_token_ids")}
-                          if isinstance(c, dict) else c for c in out["choices"]]
-    return out
+    return any(field in lowered for field in ASK[api] if field in sent)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -344,44 +300,3 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def _refusal(reason: str) -> tuple[int, dict[str, Any]]:
     return 400, {"error": {"message": f"patchgym proxy: no more model calls: {reason}", "type": "episode_over"}}
-
-
-def _sse(event: dict[str, Any], name: str | None = None) -> str:
-    head = f"event: {name}\n" if name else ""
-    return f"{head}data: {json.dumps(event)}\n\n"
-
-
-def _chat_events(answer: dict[str, Any], body: dict[str, Any]) -> Iterator[str]:
-    """A chat completion as the stream of one chunk a streaming client reads."""
-    base = {k: answer.get(k) for k in ("id", "created", "model")}
-    choices = []
-    for choice in answer.get("choices") or []:
-        message = dict(choice.get("message") or {})
-        delta: dict[str, Any] = {"role": message.get("role", "assistant"), "content": message.get("content")}
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        for key in ("reasoning_content", "reasoning"):
-            if message.get(key):
-                delta[key] = message[key]
-        choices.append({"index": choice.get("index", 0), "delta": delta, "finish_reason": choice.get("finish_reason")})
-    yield _sse({**base, "object": "chat.completion.chunk", "choices": choices})
-    if (body.get("stream_options") or {}).get("include_usage") and answer.get("usage"):
-        yield _sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": answer["usage"]})
-    yield "data: [DONE]\n\n"
-
-
-def _responses_events(answer: dict[str, Any]) -> Iterator[str]:
-    """A response as the events a streaming responses client reads: created, each output item
-    added and done, completed."""
-    sequence = 0
-
-    def event(kind: str, **fields: Any) -> str:
-        nonlocal sequence
-        sequence += 1
-        return _sse({"type": kind, "sequence_number": sequence, **fields}, kind)
-
-    yield event("response.created", response={**answer, "status": "in_progress", "output": []})
-    for index, item in enumerate(answer.get("output") or []):
-        yield event("response.output_item.added", output_index=index, item=item)
-        yield event("response.output_item.done", output_index=index, item=item)
-    yield event("response.completed", response=answer)

@@ -13,7 +13,7 @@ import pytest
 from patchgym.rollouts.model import ModelConfig
 from patchgym.rollouts.proxy import ModelProxy, expand_requests
 from patchgym.rollouts.samples import training_sample
-from tests.fake_openai import FakeModel, Turn, call, scripted_endpoint, tokens
+from tests.fake_openai import FakeModel, Turn, call, item_tokens, scripted_endpoint, tokens
 
 
 @pytest.fixture
@@ -97,17 +97,40 @@ def test_streaming_clients_get_the_answer_as_server_sent_events(fake):
     assert r.text.rstrip().endswith("data: [DONE]") and "stream" not in fake.requests[0]
 
 
-def test_the_responses_api_is_forwarded_and_recorded(fake):
-    fake.default = [call("shell", {"command": ["ls"]})]
+def test_the_responses_api_streams_as_the_openai_api_does_and_records_token_ids(fake):
+    """Codex CLI's API: the OpenAI SDK's stream accumulator (which checks every delta against the
+    part it was opened for) rebuilds the same response from the proxy's events; token ids are asked
+    for as vLLM takes them, and read as vLLM and NeMo Gym's model servers return them."""
+    from openai import OpenAI
+
+    fake.default = [Turn(calls=[("shell", {"command": ["ls"]})], text="looking"), Turn(text="done")]
+    first = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
     with ModelProxy(config(fake)) as proxy:
-        body = {"model": "x", "input": [{"role": "user", "content": "hi"}], "stream": True}
-        r = httpx.post(f"{proxy.url}/responses", json=body, timeout=30)
-    kinds = [json.loads(line[6:])["type"] for line in r.text.splitlines() if line.startswith("data: ")]
-    assert kinds == ["response.created", "response.output_item.added", "response.output_item.done",
-                     "response.completed"]
-    (recorded,) = proxy.calls
-    assert recorded["api"] == "responses" and recorded["response"]["output"][0]["name"] == "shell"
-    assert recorded["tokens_in"] == 100 and fake.requests[0]["model"] == "scripted"
+        client = OpenAI(base_url=proxy.url, api_key="harness-key", max_retries=0)
+        with client.responses.stream(model="x", input=first) as stream:
+            kinds = [event.type for event in stream]
+            streamed = stream.get_final_response()
+        raw = httpx.post(f"{proxy.url}/responses", json={"model": "x", "input": first, "stream": True}, timeout=30)
+        fake.responses_tokens = "nemo"
+        second = first + [item.model_dump(exclude_none=True) for item in streamed.output] + [
+            {"type": "function_call_output", "call_id": streamed.output[0].call_id, "output": "a.txt"}]
+        assert client.responses.create(model="x", input=second).output_text == "done"
+    assert streamed.output[0].name == "shell" and streamed.output[1].content[0].text == "looking"
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert {"response.function_call_arguments.delta", "response.output_text.delta",
+            "response.content_part.done"} <= set(kinds)
+    assert raw.text.count("event: response.output_item.done") == 2
+    assert fake.requests[0]["enable_response_messages"] is True and fake.requests[0]["model"] == "scripted"
+    one, _, two = proxy.calls
+    assert one["api"] == "responses" and one["response"]["output"][0]["name"] == "shell" and one["tokens_in"] == 100
+    assert one["prompt_token_ids"] == [t for item in first for t in item_tokens(item)]
+    assert one["token_ids"] == [t for item in one["response"]["output"] for t in item_tokens(item)]
+    assert "input_messages" not in one["response"], "kept once, beside the answer"
+    assert two["logprobs"] == [-0.25] * len(two["token_ids"]) and "generation_token_ids" not in json.dumps(two)
+    assert [r["input"] for r in expand_requests(proxy.calls)][2] == second
+    # the run as one sample: the tool output the harness added between the calls, mask 0
+    sample = training_sample([one, two])
+    assert sample["contiguous"] and sample["segments"][0]["response_mask"].count(0) == len(item_tokens(second[-1]))
 
 
 def test_the_key_stays_with_the_proxy_and_the_harness_cannot_choose_the_upstream(fake):
