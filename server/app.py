@@ -272,7 +272,7 @@ async def rollout(body: RolloutRequest, service: Service, who: Owner) -> Rollout
                          timeout=body.model.timeout, retries=body.model.retries, extra=sampling)
     if body.harness is not None:
         try:
-            harness = harness_from_spec(body.harness)
+            harness = harness_from_spec(body.harness, install=False)  # nothing is downloaded on a request
         except ValueError as exc:
             return error(service, 422, "validation", str(exc))
         except RuntimeError as exc:  # a named harness this server does not have installed

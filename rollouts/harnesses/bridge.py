@@ -24,6 +24,16 @@ SOCKET, STOP, TASK, LAUNCHER, FILES = "model.sock", "stop", "task.md", "launcher
 MAX_SOCKET_PATH = 107  # sun_path, less its terminating null
 
 
+def bound_path(sandbox: Any, host: Any) -> str:
+    """Where ``sandbox`` sees the host directory ``host`` it was given read-only (``read_only_binds``):
+    the path asked for, or its own on an unisolated local sandbox. RuntimeError for a backend that
+    takes no binds (it cannot run a harness inside its sandbox)."""
+    binds = getattr(sandbox, "binds", None) or {}
+    if str(host) not in binds:
+        raise RuntimeError(f"the {type(sandbox).__name__} backend cannot run a harness inside its sandbox")
+    return binds[str(host)]
+
+
 class Bridge:
     """One episode's directory (closed with the episode). ``files``: name -> content, placed under
     ``files/`` for the harness (its script, its config)."""
@@ -55,10 +65,7 @@ class Bridge:
 
     def path_in(self, sandbox: Any) -> str:
         """Where ``sandbox`` sees the directory (its own path on an unisolated local sandbox)."""
-        binds = getattr(sandbox, "binds", None) or {}
-        if str(self.root) not in binds:
-            raise RuntimeError(f"the {type(sandbox).__name__} backend cannot run a harness inside its sandbox")
-        return binds[str(self.root)]
+        return bound_path(sandbox, self.root)
 
     def stop(self, reason: str) -> None:
         """Ask the launcher to end the harness now (it polls for the file)."""

@@ -29,6 +29,16 @@ STOPPED_EXIT = 125  # sandbox_launcher.STOPPED_EXIT
 OUTPUT_LIMIT = 200_000  # characters of the harness's own output kept (its tail goes in the record)
 
 
+def fill(template: str, context: HarnessContext, where: str) -> str:
+    """``template`` with its placeholders filled in for a bridge seen at ``where`` (shell-quoted)."""
+    values = {"{model}": shlex.quote(context.model), "{task_file}": shlex.quote(f"{where}/{TASK}"),
+              "{harness_dir}": shlex.quote(f"{where}/{FILES}"), "{workdir}": shlex.quote(context.sandbox.workdir),
+              "{base_url}": '"$OPENAI_BASE_URL"'}
+    for key, value in values.items():
+        template = template.replace(key, value)
+    return template
+
+
 class CommandHarness:
     """A command template run inside the sandbox; ``files`` (name -> bytes) go with it."""
 
@@ -53,13 +63,7 @@ class CommandHarness:
 
     def command(self, context: HarnessContext, where: str) -> str:
         """The template with its placeholders filled in for a bridge seen at ``where``."""
-        values = {"{model}": shlex.quote(context.model), "{task_file}": shlex.quote(f"{where}/{TASK}"),
-                  "{harness_dir}": shlex.quote(f"{where}/{FILES}"), "{workdir}": shlex.quote(context.sandbox.workdir),
-                  "{base_url}": '"$OPENAI_BASE_URL"'}
-        text = self.template
-        for key, value in values.items():
-            text = text.replace(key, value)
-        return text
+        return fill(self.template, context, where)
 
     def run(self, context: HarnessContext) -> HarnessResult:
         bridge = context.bridge
@@ -74,12 +78,23 @@ class CommandHarness:
         result = context.sandbox.exec(launch, timeout=timeout, env=env, output_limit=OUTPUT_LIMIT)
         tail = result.output[-4000:]
         if result.timed_out:
-            return HarnessResult(status="timed_out", detail=f"the harness ran past its {timeout:.0f}s",
-                                 exit_code=result.exit_code, output_tail=tail)
-        if result.exit_code == STOPPED_EXIT and (bridge.root / STOP).exists():
-            return HarnessResult(status="stopped", detail=(bridge.root / STOP).read_text(encoding="utf-8"),
-                                 exit_code=result.exit_code, output_tail=tail)
-        if result.exit_code != 0:
-            return HarnessResult(status="crashed", detail=f"the harness exited with code {result.exit_code}",
-                                 exit_code=result.exit_code, output_tail=tail)
-        return HarnessResult(status="finished", exit_code=0, output_tail=tail)
+            ended = HarnessResult(status="timed_out", detail=f"the harness ran past its {timeout:.0f}s",
+                                  exit_code=result.exit_code, output_tail=tail)
+        elif result.exit_code == STOPPED_EXIT and (bridge.root / STOP).exists():
+            ended = HarnessResult(status="stopped", detail=(bridge.root / STOP).read_text(encoding="utf-8"),
+                                  exit_code=result.exit_code, output_tail=tail)
+        elif result.exit_code != 0:
+            ended = HarnessResult(status="crashed", detail=f"the harness exited with code {result.exit_code}",
+                                  exit_code=result.exit_code, output_tail=tail)
+        else:
+            ended = HarnessResult(status="finished", exit_code=0, output_tail=tail)
+        return self.summarize(ended, result.output)
+
+    def sandbox_binds(self) -> dict[str, str]:
+        """Host directories the harness needs in the sandbox besides the bridge, read-only (host path
+        -> sandbox path): none for a command (what it runs is the sandbox's own, or its files)."""
+        return {}
+
+    def summarize(self, ended: HarnessResult, output: str) -> HarnessResult:
+        """What the harness's own output says of its run: nothing a command's output is known to say."""
+        return ended

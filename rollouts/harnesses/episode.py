@@ -59,7 +59,10 @@ def run_harness_episode(make_env: Callable[[dict[str, Any] | None], RepoEnv], ta
     try:
         if harness.pattern == AGENT_IN_SANDBOX:
             bridge = Bridge(task_set.get(instance_id).problem_statement, getattr(harness, "files", None))
-        env = make_env(bridge.sandbox_options() if bridge else None)
+        options = bridge.sandbox_options() if bridge else None
+        if options is not None:  # what the harness brings (an installed CLI agent), read-only too
+            options["read_only_binds"].update(getattr(harness, "sandbox_binds", dict)())
+        env = make_env(options)
         proxy = ModelProxy(model, max_calls=max_turns, record_tokens=record_tokens, chat=chat,
                            unix_socket=bridge.socket if bridge else None,
                            on_stop=bridge.stop if bridge else None)
