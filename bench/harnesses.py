@@ -1,9 +1,10 @@
 """Every bundled task through every harness on every backend, driven by the scripted endpoint of the
-tests (tests/fake_openai.py): its oracle (the gold patch through bash, then mini-swe-agent's submit)
-must resolve every task and its no-op none, with every model call's token ids recorded, and beside
-it, patchgym's own loop on the same tasks (the peer: what a harness costs per episode).
+tests (tests/fake_openai.py; each harness's script in tests/harness_cases.py): its oracle (the gold
+patch through the harness's shell, then the harness's own ending) must resolve every task and its
+no-op none, with every model call's token ids recorded, and beside it, patchgym's own loop on the
+same tasks (the peer: what a harness costs per episode).
 
-    python bench/harnesses.py --output DIR [--backends local,docker] [--harnesses mini-swe-agent,cmd,patchgym]
+    python bench/harnesses.py --output DIR [--backends local,docker] [--harnesses mini-swe-agent,cmd,codex,patchgym]
                               [--workers 2] [--tasks N]
 
 Each (harness, backend, script) is a ``patchgym run`` directory under DIR: a run killed or stopped
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -24,37 +24,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from patchgym.rollouts.harnesses import harness_from_spec  # noqa: E402
 from patchgym.rollouts.model import ModelConfig  # noqa: E402
 from patchgym.rollouts.run import RunOptions, run_model  # noqa: E402
 from patchgym.tasks.catalog import load_task_set  # noqa: E402
-from tests.fake_openai import FakeModel, call  # noqa: E402
+from tests.fake_openai import FakeModel  # noqa: E402
+from tests.harness_cases import make_harness, script_tasks  # noqa: E402
 from tests.serving import serve  # noqa: E402
-
-SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-AGENT = ROOT / "tests" / "harness_agent.py"
-
-
-def scripts(model: FakeModel, tasks, *, fix: bool, harness: str) -> None:
-    for task in tasks:
-        apply = [call("bash", {"command": f"printf %s {shlex.quote(task.patch)} | git apply"})] if fix else []
-        end = call("submit", {}) if harness == "patchgym" else call("bash", {"command": SUBMIT})
-        model.scripts[task.problem_statement.strip()[:200]] = [*apply, end]
-
-
-def harness_of(name: str):
-    if name == "patchgym":
-        return None
-    if name == "cmd":
-        return harness_from_spec("cmd: python3 {harness_dir}/agent.py", files={"agent.py": AGENT.read_bytes()})
-    return harness_from_spec(name)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--backends", default="local,docker")
-    parser.add_argument("--harnesses", default="mini-swe-agent,cmd,patchgym")
+    parser.add_argument("--harnesses", default="mini-swe-agent,cmd,codex,patchgym")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=None, help="the first N bundled tasks (default: all)")
     args = parser.parse_args()
@@ -67,10 +49,10 @@ def main() -> int:
         with serve(model.app) as url:
             config = ModelConfig(name="scripted", base_url=f"{url}/v1", backoff=0.01, timeout=60, retries=1)
             for name in args.harnesses.split(","):
-                harness = harness_of(name)
+                harness = None if name == "patchgym" else make_harness(name)
                 for backend in args.backends.split(","):
                     for fix in (True, False):
-                        scripts(model, tasks, fix=fix, harness=name)
+                        script_tasks(model, tasks, name, fix=fix)
                         out = args.output / f"{name}-{backend}-{'oracle' if fix else 'noop'}"
                         started = time.monotonic()
 
