@@ -138,7 +138,8 @@ def installed_version(vendor: Path) -> str:
 
 def toml_text(data: dict[str, Any], prefix: str = "") -> str:
     """``data`` as TOML (tables of strings, numbers, booleans, lists and inline tables: what Codex's
-    config holds). Strings are written as JSON writes them, which TOML reads the same."""
+    config holds). Strings are written as JSON writes them without escaping non-ASCII (JSON's
+    surrogate pairs are not TOML), which TOML reads the same."""
     lines = [f"{_key(k)} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     for key, value in data.items():
         if isinstance(value, dict):
@@ -148,14 +149,14 @@ def toml_text(data: dict[str, Any], prefix: str = "") -> str:
 
 
 def _key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
 
 
 def _value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float | str):
-        return json.dumps(value)
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_value(v) for v in value) + "]"
     if isinstance(value, dict):
