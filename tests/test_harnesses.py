@@ -31,8 +31,8 @@ from tests.fake_openai import Turn
 from tests.harness_cases import AGENT, SUBMIT, commands, oracle, shell
 from tests.serving import serve
 
-CASES = ("escape-cmd", "escape-codex", "hang", "crash", "garbage", "silent", "codex-hang", "codex-crash",
-         "mini-deadline", "budget", "codex-budget", "failing-cmd", "failing-mini", "failing-codex", "run", "server")
+CASES = ("escape-cmd", "escape-codex", "garbage", "silent", "codex-hang", "codex-crash", "mini-deadline",
+         "codex-budget", "failing-cmd", "failing-mini", "failing-codex", "run", "server")
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,9 @@ def test_the_agent_in_the_sandbox_has_no_way_out_but_the_proxy(scripted, harness
     """Attack, from inside, through the command agent and through Codex CLI: reach the real endpoint
     (its loopback port) and the host's loopback, remove the socket (``unlink``: Codex refuses ``rm -f``
     of its own accord), write the bridge and Codex's install. Each is refused; what the harness's
-    environment holds (and Codex's config) lands in the graded diff: the proxy's address, a placeholder key, never the run's. Both still resolve
-    through the proxy, with every call's token ids."""
+    environment holds (and Codex's config) lands in the graded diff: the proxy's address, a
+    placeholder key, never the run's. Both still resolve through the proxy, with every call's token
+    ids."""
     host, port = scripted.url.removeprefix("http://").split("/")[0].split(":")
     probe = ("import socket\nfor target in [(%r, %d), ('127.0.0.1', 22)]:\n"
              "    try:\n        socket.create_connection(target, timeout=2); print('REACHED', target)\n"
@@ -133,17 +134,17 @@ def test_the_grading_sandbox_gets_no_bridge(calc_tasks_file):
 
 
 def test_harnesses_that_misbehave_end_with_a_clear_label(scripted, harnesses, cases):
-    """Each ends with its label, graded as the workspace stands, nothing left running: a command
-    and Codex CLI that hang (killed at the deadline), crash, write garbage (to their output, to the
-    proxy), never call the model; mini-swe-agent stopped at the deadline mid-command."""
+    """Each ends with its label, graded as the workspace stands, nothing left running: Codex CLI
+    hanging in a command (killed at the deadline with what it started), crashing on its config; a
+    command that writes garbage (to its output, to the proxy) and exits non-zero, one that never
+    calls the model; mini-swe-agent stopped at the deadline mid-command."""
     garbage = ("head -c 300000 /dev/urandom; printf 'not json' | python3 -c \"import os,sys,urllib.request as u; "
-               "u.urlopen(u.Request(os.environ['OPENAI_BASE_URL']+'/chat/completions', data=b'\\xff{', method='POST'))\"")
+               "u.urlopen(u.Request(os.environ['OPENAI_BASE_URL']+'/chat/completions', data=b'\\xff{', method='POST'))\"; "
+               "exit 3")
     script(scripted, "codex-hang", [shell("codex", "sleep 6545")] * 5)
     script(scripted, "mini-deadline", [shell("mini-swe-agent", "sleep 6544")] * 5)
     expected = {  # case: (harness, end_reason, the harness's own detail)
-        "hang": (harness_from_spec("cmd: sleep 6543"), "time_limit", "ran past"),
-        "crash": (harness_from_spec("cmd: echo starting; exit 3"), "harness_crashed", "code 3"),
-        "garbage": (harness_from_spec(f"cmd: {garbage}"), "harness_crashed", "code 1"),
+        "garbage": (harness_from_spec(f"cmd: {garbage}"), "harness_crashed", "code 3"),
         "silent": (harness_from_spec("cmd: true"), "no_model_call", ""),
         "codex-hang": (harnesses("codex"), "time_limit", "ran past"),
         "codex-crash": (harness_from_spec("codex", config={"approval_policy": "bogus"}), "harness_crashed", "code 1"),
@@ -155,23 +156,23 @@ def test_harnesses_that_misbehave_end_with_a_clear_label(scripted, harnesses, ca
         assert (ep.end_reason, ep.outcome) == (end_reason, "unresolved") and ep.grading_outcome, (case, ep.harness_result)
         assert detail in ep.harness_result["detail"], (case, ep.harness_result)
         assert ep.model_calls == [] or case in ("codex-hang", "mini-deadline"), case
-    assert "unknown variant `bogus`" in episodes[5].harness_result["output_tail"]
+    assert "HTTP Error 400" in episodes[0].harness_result["output_tail"], "the proxy refused the garbage"
+    assert "unknown variant `bogus`" in episodes[3].harness_result["output_tail"]
     assert leftovers("sleep 654") == "", "nothing left running"
 
 
 def test_a_spent_budget_stops_the_harness_and_a_failing_endpoint_masks_it(scripted, harnesses, cases):
-    for name in ("cmd", "codex"):
-        script(scripted, "budget" if name == "cmd" else "codex-budget", [shell(name, "sleep 0.1; echo 5432")] * 50)
+    script(scripted, "codex-budget", [shell("codex", "sleep 0.1; echo 5432")] * 50)
     for name in ("cmd", "mini", "codex"):
         script(scripted, f"failing-{name}", [Turn(failures=99, status=503)])
-    runs = [("budget", "cmd"), ("codex-budget", "codex"), ("failing-cmd", "cmd"), ("failing-mini", "mini-swe-agent"),
+    runs = [("codex-budget", "codex"), ("failing-cmd", "cmd"), ("failing-mini", "mini-swe-agent"),
             ("failing-codex", "codex")]
     episodes = side_by_side(*(lambda case=case, name=name: episode(scripted, cases, harnesses(name), case, max_turns=3)
                               for case, name in runs))
-    for ep in episodes[:2]:  # the budget: stopped, or it gave up on the refusal first; graded
-        assert (ep.end_reason, ep.outcome, ep.turns) == ("max_turns", "unresolved", 3), ep.harness_result
-        assert ep.harness_result["status"] in ("stopped", "crashed")
-    for ep in episodes[2:]:  # the endpoint failed: masked, not graded
+    budget = episodes[0]  # stopped through the bridge, or it gave up on the refusal first; graded
+    assert (budget.end_reason, budget.outcome, budget.turns) == ("max_turns", "unresolved", 3), budget.harness_result
+    assert budget.harness_result["status"] in ("stopped", "crashed")
+    for ep in episodes[1:]:  # the endpoint failed: masked, not graded
         assert (ep.outcome, ep.end_reason) == ("masked", "model_error") and "503" in ep.mask_reason, ep.harness_result
         assert ep.report is None
 
@@ -209,3 +210,18 @@ def test_patchgym_run_with_a_harness_and_the_server(scripted, cases, calc_task, 
         assert http.post("/v1/rollouts", json={**body, "harness": "nope"}).status_code == 422
         missing = http.post("/v1/rollouts", json={**body, "harness": "codex@0.0.1"})
         assert missing.status_code == 501 and "not installed" in missing.text, "a server installs nothing on a request"
+
+
+def test_codex_config_is_toml_codex_reads_and_the_proxy_stays_its_provider():
+    """What ``--harness-config`` merges into Codex's config.toml comes out as TOML reads it back
+    (quotes, newlines, non-ASCII, nested tables), and no setting moves Codex off the proxy."""
+    tomllib = pytest.importorskip("tomllib")
+    from patchgym.rollouts.harnesses.codex import PROVIDER, default_config, provider, toml_text
+
+    extra = {"developer_instructions": 'say "done"\nthen stop ✓ 😀', "features": {"x": True},
+             "profiles": {"a b": {"model": "m", "list": [1, "two", {"k": False}]}}}
+    settings = {**default_config(), **extra, "model_providers": {PROVIDER: provider()}}
+    assert tomllib.loads(toml_text(settings)) == settings
+    moved = harness_from_spec("codex", config={"model_provider": "openai",
+                                               "model_providers": {PROVIDER: {"base_url": "http://elsewhere"}}})
+    assert moved.settings["model_provider"] == PROVIDER and moved.settings["model_providers"][PROVIDER] == provider()
