@@ -56,6 +56,18 @@ def run(
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
+    harness: Annotated[str | None, typer.Option(
+        "--harness", help="Drive the episodes with a harness instead of patchgym's own loop: mini-swe-agent, codex, or "
+                          "'cmd: <command>' run inside the sandbox (docs/harnesses.md).")] = None,
+    harness_files: Annotated[list[Path] | None, typer.Option(
+        "--harness-file", exists=True, dir_okay=False, help="A file the command harness finds in $PATCHGYM_HARNESS_DIR "
+                                                             "(repeatable).")] = None,
+    harness_config: Annotated[Path | None, typer.Option(
+        "--harness-config", exists=True, dir_okay=False,
+        help="YAML merged over mini-swe-agent's own SWE-bench config.")] = None,
+    record_tokens: Annotated[str, typer.Option(
+        "--record-tokens", help="Harness runs: ask the endpoint for token ids and log-probabilities "
+                                "(auto: unless it refuses the fields; on; off).")] = "auto",
 ) -> None:
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
@@ -73,6 +85,7 @@ def run(
         api_key = os.environ.get(api_key_env)
         if not api_key:
             fail(f"the environment variable {api_key_env} (from --api-key-env) is not set")
+    chosen_harness = _harness(harness, harness_files, harness_config, record_tokens)
     _, task_set = load_selection(tasks, instance_ids)
     config = ModelConfig(name=model, base_url=base_url, api_key=api_key, temperature=temperature,
                          max_tokens=max_tokens, timeout=model_timeout, retries=retries)
@@ -87,14 +100,16 @@ def run(
                          env_options={"sandbox_options": backend_options(backend, ray_address=ray_address,
                                                                          ray_sandbox=ray_sandbox)},
                          input_per_mtok=price_in, output_per_mtok=price_out,
-                         prices=prices(price_core_hour, price_gb_hour))
+                         prices=prices(price_core_hour, price_gb_hour), harness=chosen_harness,
+                         record_tokens=record_tokens)
     reap(docker=backend == "docker")  # what killed runs left (docs/crash_safety.md), as eval does
     priced = bool(price_in or price_out)
     say_on_interrupt(f"finishing the episodes under way; rerun the same command to resume (finished episodes "
                      f"are kept in {output})")
     stopped = None
     with progress_bar() as progress:
-        bar = progress.add_task(model, total=len(task_set), status="")
+        bar = progress.add_task(model if chosen_harness is None else f"{model} via {chosen_harness.name}",
+                                total=len(task_set), status="")
 
         def done(line: dict, state) -> None:
             spent = f", ${state.cost_usd:.4f}" if priced else ""
@@ -120,6 +135,9 @@ def run(
     if cost["usd_per_1k_episodes"] is not None:
         out.print(f"environment per episode: env CPU {cost['env_cpu_seconds_mean']:.3f}s, test CPU "
                   f"{cost['test_cpu_seconds_mean']:.3f}s; ${cost['usd_per_1k_episodes']:.4f} per 1,000 episodes")
+    if chosen_harness is not None:
+        out.print(f"harness: {chosen_harness.name} {chosen_harness.version} ({chosen_harness.pattern}); "
+                  f"every model call in trajectories.jsonl (model_calls, sample)")
     out.print(f"predictions: {output / 'predictions.jsonl'}  report: {output / 'report.json'}  html: {html}")
     if report["masked"]:
         out.print(f"{report['masked']} masked episode(s) (endpoint or environment failures) run again on a rerun")
@@ -127,3 +145,28 @@ def run(
         first = next((i["mask_reason"] for i in report["instances"] if i.get("mask_reason")), None)
         fail(f"no episode could be scored: all {report['masked']} masked" + (f" (first: {first[:300]})" if first
                                                                               else ""), code=1)
+
+
+def _harness(spec: str | None, files: list[Path] | None, config: Path | None, record_tokens: str):
+    """The harness ``--harness`` names (None: patchgym's own loop), or the error exit saying why not."""
+    from patchgym.rollouts.proxy import RECORD_TOKENS
+
+    if record_tokens not in RECORD_TOKENS:
+        fail(f"--record-tokens must be one of {', '.join(RECORD_TOKENS)}")
+    if spec is None:
+        if files or config:
+            fail("--harness-file and --harness-config go with --harness")
+        return None
+    from patchgym.rollouts.harnesses import harness_from_spec
+
+    settings = None
+    if config is not None:
+        import yaml
+
+        settings = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        if not isinstance(settings, dict):
+            fail(f"{config} does not hold a mapping")
+    try:
+        return harness_from_spec(spec, files={f.name: f.read_bytes() for f in files or []}, config=settings)
+    except (ValueError, RuntimeError) as exc:
+        fail(str(exc))

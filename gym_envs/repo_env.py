@@ -83,6 +83,8 @@ class RepoEnv(gym.Env[str, Any]):
         command_timeout: seconds a ``bash`` call may run.
         output_limit: characters of tool output returned (head and tail kept).
         prices: dollars per core-hour and GB-hour for ``info["cost"]`` (default: :class:`Prices`).
+        agent_sandbox_options: more options for the agent's sandbox only, never the grading one's
+            (a harness's files and the model proxy's socket bound into it).
 
     Observations are text. Actions are tool calls, ``{"name": ..., "arguments": {...}}`` as a dict
     or a JSON string (``action_space``: :class:`~patchgym.gym_envs.spaces.ToolCalls` of ``tools``).
@@ -105,6 +107,7 @@ class RepoEnv(gym.Env[str, Any]):
         output_limit: int = 16_000,
         sandbox_options: dict[str, Any] | None = None,
         prices: Prices | None = None,
+        agent_sandbox_options: dict[str, Any] | None = None,
     ) -> None:
         if max_steps < 1:
             raise ValueError("max_steps must be at least 1")
@@ -115,6 +118,7 @@ class RepoEnv(gym.Env[str, Any]):
         self.command_timeout = command_timeout
         self.output_limit = output_limit
         self._factory = sandbox_factory(backend, **(sandbox_options or {}))
+        self._agent_factory = sandbox_factory(backend, **{**(sandbox_options or {}), **(agent_sandbox_options or {})})
         self.prices = prices or Prices()
         self.verifier = Verifier(self._factory, partial_credit=partial_credit, prices=self.prices)
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
@@ -156,7 +160,7 @@ class RepoEnv(gym.Env[str, Any]):
         self._start_error = None
         try:
             with phase(f"{self.task.instance_id}: sandbox start"):  # said in a log when it takes long
-                self.sandbox = self._factory(self.task)
+                self.sandbox = self._agent_factory(self.task)
             self.editor = StrReplaceEditor(self.sandbox, max_output_chars=self.output_limit)
             workdir = self.sandbox.workdir
             observation = task_briefing(self.task, workdir)

@@ -70,6 +70,12 @@ class Episode:
     # What the environment spent (the terminal step's info["cost"], grading.cost): wall time,
     # harness, agent and test CPU, peak memory, dollars. None when the episode never reached one.
     cost: dict[str, Any] | None = None
+    # Harness episodes (rollouts.harnesses): the harness (name, version, pattern), how its run
+    # ended, every model call the proxy recorded, and those calls as one training sample.
+    harness: dict[str, Any] | None = None
+    harness_result: dict[str, Any] | None = None
+    model_calls: list[dict[str, Any]] = field(default_factory=list)
+    sample: dict[str, Any] | None = None
 
     def token_cost(self, input_per_mtok: float, output_per_mtok: float) -> float:
         """The model's dollars for the episode's tokens."""
@@ -99,7 +105,7 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
            observation_limit: int, deadline: float | None) -> None:
     observation, info = env.reset(options={"task_id": episode.instance_id})
     if info.get("infrastructure_failure"):
-        _mask(episode, "environment_error", observation)
+        mask_episode(episode, "environment_error", observation)
         return
     messages = episode.messages
     messages += [{"role": "system", "content": _system(episode.tool_mode)}, {"role": "user", "content": observation}]
@@ -115,14 +121,15 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
             reply = model.complete(messages, episode.tools or None)
         except ToolsUnsupported:
             if tool_mode != "auto":
-                return _mask(episode, "model_error", "the endpoint does not support tool calls (use --tool-mode text)")
+                return mask_episode(episode, "model_error",
+                                    "the endpoint does not support tool calls (use --tool-mode text)")
             episode.tool_mode, episode.tools = "text", []
             messages[0] = {"role": "system", "content": _system("text")}
             continue
         except ContextOverflow as exc:
             return _grade_as_is(env, episode, "context_overflow", str(exc))
         except ModelError as exc:
-            return _mask(episode, "model_error", str(exc))
+            return mask_episode(episode, "model_error", str(exc))
         episode.turns += 1
         episode.tokens_in += reply.tokens_in
         episode.tokens_out += reply.tokens_out
@@ -148,7 +155,7 @@ def _drive(env: RepoEnv, model: ChatModel, episode: Episode, *, max_turns: int, 
                 messages.append({"role": "user", "content": text})
             if terminated or truncated:
                 reason = "submitted" if name == "submit" and terminated else _budget_reason(env, info)
-                return _record_grade(episode, reward, info, reason)
+                return record_grade(episode, reward, info, reason)
 
 
 def _system(tool_mode: str) -> str:
@@ -196,17 +203,20 @@ def _budget_reason(env: RepoEnv, info: dict[str, Any]) -> str:
 def _grade_as_is(env: RepoEnv, episode: Episode, reason: str, note: str | None = None) -> None:
     """End the episode on the policy's account: submit the workspace as it is."""
     _, reward, _, _, info = env.step({"name": "submit", "arguments": {}})
-    _record_grade(episode, reward, info, reason)
+    record_grade(episode, reward, info, reason)
     if note:
         episode.messages.append({"role": "user", "content": f"{END_NOTE}{note[:500]}]"})
 
 
-def _record_grade(episode: Episode, reward: float, info: dict[str, Any], reason: str) -> None:
+def record_grade(episode: Episode, reward: float, info: dict[str, Any], reason: str) -> None:
+    """Put the terminal step's grading (``reward``, ``info``) into ``episode``, ended for ``reason``;
+    masked when the environment failed (its grading says so)."""
     episode.end_reason = reason
     episode.cost = info.get("cost")
     episode.grading_outcome = info.get("outcome")
     if info.get("infrastructure_failure"):
-        _mask(episode, "environment_error", info.get("infrastructure_failure_reason") or "the environment failed")
+        detail = info.get("infrastructure_failure_reason") or "the environment failed"
+        mask_episode(episode, "environment_error", detail)
         episode.report = info.get("report")
         return
     episode.reward = float(reward)
@@ -216,6 +226,7 @@ def _record_grade(episode: Episode, reward: float, info: dict[str, Any], reason:
     episode.report = info.get("report")
 
 
-def _mask(episode: Episode, reason: str, detail: str) -> None:
+def mask_episode(episode: Episode, reason: str, detail: str) -> None:
+    """End ``episode`` as masked: not a result, whatever its reward would have been."""
     episode.outcome, episode.end_reason, episode.mask_reason = "masked", reason, detail
     episode.reward, episode.resolved = 0.0, False

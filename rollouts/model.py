@@ -24,6 +24,9 @@ OVERFLOW_MARKERS = ("context_length_exceeded", "maximum context length", "contex
                     "prompt is too long", "input is too long", "exceeds the model's", "max_model_len")
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 PROBE_TIMEOUT = 60.0  # seconds each request of ChatModel.check may take at most
+# What a request's own content earns (a malformed body, a parameter the server does not take): the
+# caller's doing, unlike a bad key (401/403) or an unknown model (404), which are the operator's.
+REJECTED_STATUSES = frozenset({400, 413, 422})
 
 
 class ModelError(RuntimeError):
@@ -37,6 +40,15 @@ class EndpointUnusable(ModelError):
 
 class ContextOverflow(RuntimeError):
     """The conversation does not fit the model's context any more."""
+
+
+class RequestRejected(RuntimeError):
+    """The endpoint refused the request for what it holds (400, 413, 422): not retried, and not the
+    endpoint failing. ``status`` and ``text`` are its answer's."""
+
+    def __init__(self, status: int, text: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.text = status, text
 
 
 class ToolsUnsupported(RuntimeError):
@@ -151,26 +163,38 @@ class ChatModel:
             body["max_tokens"] = self.config.max_tokens
         if tools:
             body["tools"] = tools
+        try:
+            response = self.send("/chat/completions", body)
+        except RequestRejected as exc:
+            if exc.status == 400 and tools and _mentions_tools(exc.text):
+                raise ToolsUnsupported(exc.text) from None
+            raise ModelError(str(exc)) from None
+        return _reply(response)
+
+    def send(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST ``body`` to ``path`` under the endpoint's root, retried as :meth:`complete` is; the
+        200 answer. Raises :class:`ContextOverflow`, :class:`RequestRejected` (a 4xx the request
+        itself caused, not retried) or :class:`ModelError` (the endpoint failing, after the retries)."""
         last = "no attempt made"
         for attempt in range(self.config.retries + 1):
             with self._lock:
                 self.calls += 1
             wait: float | None = None
             try:
-                response = self._client.post("/chat/completions", json=body)
+                response = self._client.post(path, json=body)
             except httpx.TimeoutException:
                 last = f"the model did not answer within {self.config.timeout:g}s"
             except httpx.HTTPError as exc:
                 last = f"cannot reach the model at {self.config.base_url}: {type(exc).__name__}: {exc}"
             else:
                 if response.status_code == 200:
-                    return _reply(response)
+                    return response
                 text = response.text[:2000]
-                if response.status_code in (400, 413, 422) and _overflow(text):
+                if response.status_code in REJECTED_STATUSES and _overflow(text):
                     raise ContextOverflow(f"the conversation does not fit the model's context: {text}")
-                if response.status_code == 400 and tools and _mentions_tools(text):
-                    raise ToolsUnsupported(text)
                 last = f"the model answered {response.status_code}: {text}"
+                if response.status_code in REJECTED_STATUSES:
+                    raise RequestRejected(response.status_code, text, last)
                 if response.status_code not in RETRY_STATUSES:
                     raise ModelError(last)
                 wait = _retry_after(response)

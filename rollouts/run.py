@@ -29,6 +29,7 @@ from typing import Any
 
 from patchgym.grading.cost import EpisodeCost, Prices, summarize
 from patchgym.gym_envs.repo_env import RepoEnv
+from patchgym.rollouts.harnesses.episode import run_harness_episode
 from patchgym.rollouts.loop import Episode, run_episode
 from patchgym.rollouts.model import ChatModel, ModelConfig
 from patchgym.rollouts.stats import wilson
@@ -37,7 +38,8 @@ from patchgym.tasks.catalog import TaskSet
 log = logging.getLogger(__name__)
 RUN_FILE, TRAJECTORIES, PREDICTIONS, REPORT = "run.json", "trajectories.jsonl", "predictions.jsonl", "report.json"
 # Settings a resumed run must share with the run it continues (else its numbers would mix two runs).
-RESUME_KEYS = ("model", "base_url", "temperature", "max_tokens", "max_turns", "max_steps", "tool_mode", "backend")
+RESUME_KEYS = ("model", "base_url", "temperature", "max_tokens", "max_turns", "max_steps", "tool_mode", "backend",
+               "harness")
 
 
 # A run stops when this many episodes in a row, from its start, were masked for the same model error.
@@ -69,6 +71,10 @@ class RunOptions:
     output_per_mtok: float = 0.0
     observation_limit: int = 20_000
     prices: Prices = field(default_factory=Prices)  # the environment's: per core-hour and GB-hour
+    # A harness drives the episodes instead of patchgym's own loop (rollouts.harnesses), its model
+    # calls through the recording proxy; record_tokens: whether the proxy asks for token ids.
+    harness: Any = None
+    record_tokens: str = "auto"
 
 
 @dataclass
@@ -86,8 +92,12 @@ class RunProgress:
 
 
 def settings(model: ModelConfig, options: RunOptions) -> dict[str, Any]:
-    return {**model.public(), "max_turns": options.max_turns, "max_steps": options.max_steps,
-            "time_limit": options.time_limit, "tool_mode": options.tool_mode, "backend": options.backend}
+    """A run's settings as run.json and the report keep them (the harness with its version)."""
+    params = {**model.public(), "max_turns": options.max_turns, "max_steps": options.max_steps,
+              "time_limit": options.time_limit, "tool_mode": options.tool_mode, "backend": options.backend}
+    if options.harness is not None:
+        params["harness"] = options.harness.describe()
+    return params
 
 
 def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
@@ -118,15 +128,23 @@ def run_model(task_set: TaskSet, model: ModelConfig, options: RunOptions, *,
     own_chat = chat is None
     chat = chat or ChatModel(model)
 
+    def make_env(agent_sandbox_options: dict[str, Any] | None) -> RepoEnv:
+        return RepoEnv(task_set, backend=options.backend, max_steps=options.max_steps, time_limit=options.time_limit,
+                       prices=options.prices, agent_sandbox_options=agent_sandbox_options, **options.env_options)
+
     def one(instance_id: str) -> dict[str, Any]:
         try:
-            env = RepoEnv(task_set, backend=options.backend, max_steps=options.max_steps,
-                          time_limit=options.time_limit, prices=options.prices, **options.env_options)
-            try:
-                episode = run_episode(env, chat, instance_id, max_turns=options.max_turns,
-                                      tool_mode=options.tool_mode, observation_limit=options.observation_limit)
-            finally:
-                env.close()
+            if options.harness is not None:
+                episode = run_harness_episode(make_env, task_set, options.harness, model, instance_id,
+                                              max_turns=options.max_turns, time_limit=options.time_limit,
+                                              record_tokens=options.record_tokens, chat=chat)
+            else:
+                env = make_env(None)
+                try:
+                    episode = run_episode(env, chat, instance_id, max_turns=options.max_turns,
+                                          tool_mode=options.tool_mode, observation_limit=options.observation_limit)
+                finally:
+                    env.close()
         except Exception as exc:  # one broken episode must not end a run of hundreds: masked, logged
             log.exception("%s: the episode failed", instance_id)
             episode = Episode(instance_id=instance_id, model=model.name, outcome="masked",

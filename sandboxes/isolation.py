@@ -155,6 +155,9 @@ class Mounts:
     read_write: list[Path] = field(default_factory=list)
     hidden: list[Path] = field(default_factory=list)
     network: bool = False
+    # host path -> where the sandbox sees it, read-only: an episode's harness files and the model
+    # proxy's unix socket (patchgym.rollouts.harnesses.bridge), its only way out
+    binds: dict[Path, str] = field(default_factory=dict)
 
 
 def bwrap_argv(mounts: Mounts, env: dict[str, str], argv: list[str], cwd: str) -> list[str]:
@@ -194,6 +197,8 @@ def bwrap_prefix(mounts: Mounts) -> list[str]:
         mounted.append(path)
     args += ["--dev", "/dev", "--proc", "/proc"]
     args += ["--bind", str(mounts.workspace), SANDBOX_WORKDIR]
+    for host, target in mounts.binds.items():
+        args += ["--ro-bind", str(host), target]
     # Each path resolved once: resolving them pairwise cost a sandbox start about 100 ms of CPU.
     resolved = [os.path.realpath(m) for m in mounted]
     for secret in mounts.hidden:

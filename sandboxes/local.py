@@ -108,7 +108,9 @@ class LocalSandbox(ClosesItself):
     """A :class:`~sandboxes.base.Sandbox` on this host.
 
     ``isolation`` is ``"auto"`` (bubblewrap when it works here, plain processes otherwise),
-    ``"bwrap"`` (fail when bubblewrap is unavailable) or ``"none"``.
+    ``"bwrap"`` (fail when bubblewrap is unavailable) or ``"none"``. ``read_only_binds``: host
+    directories the sandbox sees, read-only, at the path given (without bubblewrap, at their own:
+    ``binds`` says where each one is).
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class LocalSandbox(ClosesItself):
         *,
         limits: ResourceLimits | None = None,
         isolation: str = "auto",
+        read_only_binds: dict[str, str] | None = None,
     ) -> None:
         if isolation not in ("auto", "bwrap", "none"):
             raise ValueError(f"isolation must be auto, bwrap or none, not {isolation!r}")
@@ -144,6 +147,8 @@ class LocalSandbox(ClosesItself):
         self._closing = False
         self._mounts_prefix: list[str] | None = None  # the workspace's mounts, made in the sandbox's namespace
         self._lost: str | None = None  # why the workspace is gone (its namespace died), until a reset
+        binds = dict(read_only_binds or {})
+        self.binds = binds if self.isolated else {host: host for host in binds}
         try:
             self._template = pristine_checkout(spec.repo, spec.base_commit)
             self._pristine = _pristine(self._template)
@@ -168,7 +173,8 @@ class LocalSandbox(ClosesItself):
                     read_only.append(pids_cgroup)
                     self._init_argv.append(str(pids_cgroup))
                 self._bwrap_prefix = bwrap_prefix(Mounts(workspace=self.workspace, tmp=self.tmp, read_only=read_only,
-                                                         hidden=list(dict.fromkeys(self._hidden + list(init.hidden)))))
+                                                         hidden=list(dict.fromkeys(self._hidden + list(init.hidden))),
+                                                         binds={Path(h): t for h, t in binds.items()}))
             self._fill()
             self._start_init()
         except BaseException:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-OWNED_DIRS = ("sandboxes", "etc", "builds")
+OWNED_DIRS = ("sandboxes", "etc", "builds", "bridges")  # bridges: harness episodes (rollouts.harnesses)
 # Caches whose entries are made under a staging name (:func:`staging_path`) and renamed into place.
 STAGING_DIRS = ("runtime", "etc-shared", "mirrors", "checkouts", "python")
 

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from patchgym.grading.labels import settle
+from patchgym.rollouts.harnesses import harness_from_spec
 from patchgym.rollouts.model import ModelConfig
 from patchgym.rollouts.run import trajectory_line
 from patchgym.sandboxes import SandboxError
@@ -257,13 +258,16 @@ async def delete_session(session_id: str, service: Service, who: Owner) -> Respo
 
 @router.post("/v1/rollouts", response_model=RolloutResponse, tags=["rollouts"],
              responses={**ERRORS, **AUTH_ERRORS, 429: {"model": ErrorBody, "description": "No free session."},
-                        403: {"model": ErrorBody, "description": "A model endpoint the server may not call."}})
+                        403: {"model": ErrorBody, "description": "A model endpoint the server may not call."},
+                        501: {"model": ErrorBody, "description": "A harness this server does not have."}})
 async def rollout(body: RolloutRequest, service: Service, who: Owner) -> RolloutResponse:
     """Run a whole episode: the model at ``model.base_url`` (OpenAI-compatible) calls the tools
     until it submits or a bound ends it; the trajectory and the reward come back (what NeMo Gym's
     ``/run`` and verifiers' rollouts do). A failing model endpoint masks the sample
     (``mask_sample``), never scores it 0. Only endpoints the server was started with
-    (``--model-endpoint``) are called: anything else is 403."""
+    (``--model-endpoint``) are called: anything else is 403. With ``harness``, that harness drives
+    the episode through the recording proxy (NeMo Gym's agent-server pattern): the trajectory holds
+    every model call with its token ids, and the run as one training sample."""
     if not _allowed_endpoint(body.model.base_url, service.model_endpoints):
         return error(service, 403, "forbidden_endpoint",
                      f"this server calls only the model endpoints it was started with (--model-endpoint); "
@@ -272,8 +276,20 @@ async def rollout(body: RolloutRequest, service: Service, who: Owner) -> Rollout
     config = ModelConfig(name=body.model.name, base_url=body.model.base_url, api_key=body.model.api_key,
                          temperature=body.sampling.temperature, max_tokens=body.sampling.max_tokens,
                          timeout=body.model.timeout, retries=body.model.retries, extra=sampling)
-    episode = await service.rollout(who, body.task_id, config, max_turns=body.max_turns, tool_mode=body.tool_mode,
-                                    max_steps=body.max_steps, time_limit=body.time_limit)
+    if body.harness is not None:
+        try:
+            harness = harness_from_spec(body.harness, install=False)  # nothing is downloaded on a request
+        except ValueError as exc:
+            return error(service, 422, "validation", str(exc))
+        except RuntimeError as exc:  # a named harness this server does not have installed
+            return error(service, 501, "harness_unavailable", str(exc))
+        episode = await service.harness_rollout(who, body.task_id, config, harness, max_turns=body.max_turns,
+                                                record_tokens=body.record_tokens, max_steps=body.max_steps,
+                                                time_limit=body.time_limit)
+    else:
+        episode = await service.rollout(who, body.task_id, config, max_turns=body.max_turns,
+                                        tool_mode=body.tool_mode, max_steps=body.max_steps,
+                                        time_limit=body.time_limit)
     trajectory = trajectory_line(episode)
     return RolloutResponse(reward=episode.reward, resolved=episode.resolved,
                            mask_sample=episode.outcome == "masked", outcome=episode.outcome,

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from patchgym.grading.cost import EpisodeCost, Prices
 from patchgym.grading.verifier import InstanceReport, Verifier
 from patchgym.gym_envs.repo_env import RepoEnv
+from patchgym.rollouts.harnesses.base import Harness
+from patchgym.rollouts.harnesses.episode import run_harness_episode
 from patchgym.rollouts.loop import Episode, run_episode
 from patchgym.rollouts.model import ChatModel, ModelConfig
 from patchgym.sandboxes import SandboxError, reap_stale
@@ -323,6 +325,38 @@ class EnvService:
             return episode
         finally:
             chat.close()
+            await self.manager.close(session, CLOSED_GRADED)
+
+    async def harness_rollout(self, owner: str | None, task_id: str, model: ModelConfig, harness: Harness, *,
+                              max_turns: int, record_tokens: str = "auto", protocol: str = "native",
+                              **overrides: Any) -> Episode:
+        """A whole episode of ``harness`` on ``task_id`` (:func:`patchgym.rollouts.harnesses.episode.
+        run_harness_episode`), its model calls through the recording proxy: the same capacity bound,
+        deadline and closing as :meth:`rollout`."""
+        self.task_set.get(task_id)
+        options = dict(self.env_options)
+        options.update({k: v for k, v in overrides.items() if v is not None})
+
+        def start(session: Session) -> None:
+            session.instance_id = task_id
+
+        session, _ = await self.manager.create(owner, start, protocol=protocol)
+        self.metrics.sessions_created.labels(protocol).inc()
+
+        def make_env(agent_sandbox_options: dict[str, Any] | None) -> RepoEnv:
+            # on the session, so that closing it (deadline, shutdown) frees the sandbox too
+            session.env = RepoEnv(self.task_set, backend=self.backend, agent_sandbox_options=agent_sandbox_options,
+                                  **options)
+            return session.env
+
+        deadline = time.monotonic() + self.operation_timeout
+        try:
+            episode = await self._operate(session, lambda: run_harness_episode(
+                make_env, self.task_set, harness, model, task_id, max_turns=max_turns,
+                time_limit=options.get("time_limit"), record_tokens=record_tokens, deadline=deadline))
+            self.metrics.observe_cost(episode.cost, "rollout")
+            return episode
+        finally:
             await self.manager.close(session, CLOSED_GRADED)
 
     # -- stateless ------------------------------------------------------------------------

@@ -136,6 +136,12 @@ class RolloutRequest(_Request):
     max_steps: int | None = Field(None, ge=1, le=1000, description="Default: the server's --max-steps.")
     time_limit: float | None = Field(None, gt=0)
     tool_mode: Literal["auto", "native", "text"] = "auto"
+    harness: str | None = Field(None, max_length=10_000, description=(
+        "Drive the episode with a harness instead of patchgym's own loop: 'mini-swe-agent', or 'cmd: <command>' "
+        "run inside the sandbox (docs/harnesses.md). Its model calls go through the recording proxy: the "
+        "trajectory then holds every call (model_calls) and the run as one training sample (sample)."))
+    record_tokens: Literal["auto", "on", "off"] = Field("auto", description=(
+        "Harness episodes: ask the endpoint for token ids and log-probabilities (auto: unless it refuses)."))
 
 
 class RolloutResponse(BaseModel):

@@ -92,6 +92,9 @@ def patchgym_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # No Docker warm pool unless a test asks for one (test_docker_sandbox does): a container waiting
     # in a pool holds its image, which tests that remove images would find in use.
     os.environ.setdefault("PATCHGYM_DOCKER_POOL", "0")
+    # Harnesses installed with npm (Codex CLI: about 100 MB to download, 400 MB installed) are kept
+    # across sessions, as pip's and npm's caches are; a run elsewhere installs its own.
+    os.environ.setdefault("PATCHGYM_HARNESSES", str(Path.home() / ".cache" / "patchgym-test-harnesses"))
     return home
 
 
@@ -219,3 +222,35 @@ def url(calc_tasks_file) -> Iterator[str]:
 def http(url) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=url, timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def scripted_server():
+    """The scripted OpenAI-compatible endpoint (tests/fake_openai.py), one server for the session."""
+    from tests.fake_openai import scripted_endpoint
+
+    with scripted_endpoint() as model:
+        yield model
+
+
+@pytest.fixture
+def scripted(scripted_server):
+    """The session's scripted endpoint, its scripts and records cleared for this test."""
+    scripted_server.reset()
+    return scripted_server
+
+
+@pytest.fixture(scope="session")
+def harnesses():
+    """``harnesses(name)``: the harness of tests/harness_cases.py, made once per session
+    (mini-swe-agent imports litellm; Codex CLI is installed with npm once per machine)."""
+    from tests.harness_cases import make_harness
+
+    made: dict[str, object] = {}
+
+    def get(name: str):
+        if name not in made:
+            made[name] = make_harness(name)
+        return made[name]
+
+    return get

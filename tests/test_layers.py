@@ -25,7 +25,7 @@ SANDBOX_SIDE = ("patchgym.grading.pytest_runtime", "patchgym.sandboxes.sandbox_i
                 "patchgym.sandboxes.docker.diff_helper", "patchgym.sandboxes.bytecode_compile",
                 "patchgym.making.synth.reach_plugin", "patchgym.sandboxes.base", "patchgym.sandboxes.files",
                 "patchgym.sandboxes.output", "patchgym.sandboxes.process", "patchgym.sandboxes.gitops",
-                "patchgym.sandboxes.wire")
+                "patchgym.sandboxes.wire", "patchgym.rollouts.harnesses.sandbox_launcher")
 
 
 def floor_of(module: str) -> str | None:

@@ -18,7 +18,7 @@ from patchgym.rollouts.model import ChatModel, ModelConfig, ModelError
 from patchgym.rollouts.run import RunDirError, RunOptions, run_model
 from patchgym.rollouts.stats import wilson
 from patchgym.tasks.catalog import load_task_set
-from tests.fake_openai import FakeModel, Turn, call
+from tests.fake_openai import FakeModel, Turn, call, scripted_endpoint
 from tests.serving import serve
 from tests.test_run_html import CHROMIUM, load_pages, need_chromium
 from tests.test_server import TASK
@@ -40,9 +40,7 @@ def two_tasks(calc_tasks_file, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def fake():
-    model = FakeModel()
-    with serve(model.app) as url:
-        model.url = f"{url}/v1"
+    with scripted_endpoint() as model:
         yield model
 
 

@@ -144,6 +144,9 @@ def run_meta(run: Any) -> list[tuple]:
     if isinstance(price, dict):
         bits.append(("price", price.get("input_per_mtok", "?"), price.get("output_per_mtok", "?")))
     params = run.get("params")
+    harness = params.get("harness") if isinstance(params, dict) else None
+    if isinstance(harness, dict):  # the harness that drove the episodes, and its version (rollouts.harnesses)
+        bits.append(("harness", str(harness.get("name", "?")), str(harness.get("version", "?"))))
     if isinstance(params, dict) and params:
         bits.append(("params", [(k, json.dumps(v, ensure_ascii=False, default=str)) for k, v in params.items()]))
     tasks = run.get("tasks")

@@ -74,23 +74,25 @@ def tmpfs_mounts(image: str, limits: ResourceLimits) -> dict[str, str]:
     }
 
 
-def start_container(image: str, limits: ResourceLimits, lifetime: int, network: bool):
+def start_container(image: str, limits: ResourceLimits, lifetime: int, network: bool,
+                    binds: dict[str, str] | None = None):
     """Start a container for ``image`` whose main process is the command server, and wait until
     the server has filled /testbed. Return the container and a connection to its server.
+    ``binds``: host paths mounted read-only at the container paths given.
 
     Fails with a :class:`SandboxError` (``docker.errors.ImageNotFound`` for a missing image), having
     removed what it made."""
     import docker.errors
 
     try:
-        return _start(image, limits, lifetime, network)
+        return _start(image, limits, lifetime, network, binds)
     except (SandboxError, docker.errors.ImageNotFound):
         raise
     except Exception as exc:  # the engine refused, failed or missed a deadline
         raise SandboxError(f"cannot start a sandbox container from {image}: {type(exc).__name__}: {exc}") from exc
 
 
-def _start(image: str, limits: ResourceLimits, lifetime: int, network: bool):
+def _start(image: str, limits: ResourceLimits, lifetime: int, network: bool, binds: dict[str, str] | None):
     import docker
     import docker.errors
 
@@ -104,10 +106,12 @@ def _start(image: str, limits: ResourceLimits, lifetime: int, network: bool):
     ]
     for attempt in range(2):
         volume = runtime_volume()
+        mounts = {volume: {"bind": RUNTIME_MOUNT, "mode": "ro"},
+                  **{host: {"bind": target, "mode": "ro"} for host, target in (binds or {}).items()}}
         host_config = api.create_host_config(
             auto_remove=True, network_mode=None if network else "none", mem_limit=limits.memory_bytes,
             memswap_limit=limits.memory_bytes, pids_limit=limits.max_processes, nano_cpus=int(limits.cpus * 1e9),
-            ulimits=ulimits, tmpfs=tmpfs_mounts(image, limits), binds={volume: {"bind": RUNTIME_MOUNT, "mode": "ro"}},
+            ulimits=ulimits, tmpfs=tmpfs_mounts(image, limits), binds=mounts,
             # The server's stdout carries every answer: none of it goes to a log file on the host.
             log_config=docker.types.LogConfig(type="none"))
         name = f"{NAME_PREFIX}{namespace()}{uuid.uuid4().hex[:16]}"

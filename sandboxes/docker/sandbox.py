@@ -39,7 +39,11 @@ _images: dict[tuple, str] = {}
 
 
 class DockerSandbox(ClosesItself):
-    """A :class:`~sandboxes.base.Sandbox` in a Docker container (workspace at ``/testbed``)."""
+    """A :class:`~sandboxes.base.Sandbox` in a Docker container (workspace at ``/testbed``).
+
+    ``read_only_binds``: host directories the container sees, read-only, at the path given (the
+    engine must run on this host); such a container is started for the sandbox, not taken from the
+    warm pool."""
 
     workdir = WORKDIR
 
@@ -52,6 +56,7 @@ class DockerSandbox(ClosesItself):
         network: bool = False,
         pool: WarmPool | None = None,
         lifetime: int = DEFAULT_LIFETIME,
+        read_only_binds: dict[str, str] | None = None,
     ) -> None:
         from patchgym.sandboxes.docker.images import instance_image
 
@@ -60,6 +65,9 @@ class DockerSandbox(ClosesItself):
         self.limits = limits or ResourceLimits()
         self._lock = threading.RLock()
         self._closed = False
+        self.binds = dict(read_only_binds or {})  # host path -> container path, read-only
+        if self.binds:
+            pool = None  # a warm container has no such mount: this one is started for it
         import docker.errors
 
         key = (spec.repo, spec.base_commit, spec.environment, release)
@@ -71,7 +79,8 @@ class DockerSandbox(ClosesItself):
                 if pool is not None:
                     self.container, self._conn = pool.acquire(self.image, self.limits, network)
                 else:
-                    self.container, self._conn = start_container(self.image, self.limits, lifetime, network)
+                    self.container, self._conn = start_container(self.image, self.limits, lifetime, network,
+                                                                 binds=self.binds)
                 break
             except docker.errors.ImageNotFound:
                 _images.pop(key, None)  # pruned since it was resolved: build it again, once
