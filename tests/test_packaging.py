@@ -11,6 +11,8 @@ import venv
 import zipfile
 from pathlib import Path
 
+from conftest import pip_into
+
 ROOT = Path(__file__).resolve().parent.parent
 FLOORS = ("sandboxes", "tasks", "grading", "gym_envs", "making", "rollouts", "server", "cli")
 
@@ -76,10 +78,10 @@ remote.close()
 def test_an_editable_install_maps_the_folders_into_the_package(tmp_path):
     """``pip install -e .``: the folders are found as ``patchgym``'s subpackages in place."""
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)  # the suite's pip installs into it (conftest.pip_into)
     python = str(env_dir / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                              "-e", str(ROOT)], capture_output=True, text=True, timeout=600)
+    install = subprocess.run(pip_into(env_dir, "install", "-q", "--no-deps", "-e", str(ROOT)),
+                             capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr[-3000:]
     # Modules of the standard library alone (the venv has no dependencies): the package, a floor,
     # a subpackage two levels down, and a data folder.

@@ -10,6 +10,7 @@ import signal
 import subprocess
 
 import httpx
+from conftest import pip_into
 
 from tests.serving import free_port, wait_healthy
 from tests.test_openenv import generic_client_class
@@ -17,8 +18,8 @@ from tests.test_server import TASK, apply_via_bash
 
 
 def test_a_plain_install_serves_openenv_over_websockets(plain_venv, calc_tasks_file, calc_task, tmp_path):
-    listed = subprocess.run([str(plain_venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
-                            capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(pip_into(plain_venv, "list", "--format=freeze"), capture_output=True, text=True,
+                            check=True).stdout
     assert "pytest==" not in listed and "openenv" not in listed, "the venv must hold no test extra"
     port = free_port()
     log = (tmp_path / "serve.log").open("w")
