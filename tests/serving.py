@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import httpx
+import uvicorn
 
 from patchgym.server.serving import Server, server_config
 
@@ -40,9 +41,14 @@ def wait_healthy(url: str, alive: Callable[[], bool], *, timeout: float = 30,
 @contextlib.contextmanager
 def serve(app, **options) -> Iterator[str]:
     """Run ``app`` on a real uvicorn server on a free loopback port, in a background thread
-    (``options``: :func:`patchgym.server.serving.server_config`'s)."""
+    (``options``: :func:`patchgym.server.serving.server_config`'s for patchgym's app, uvicorn's for
+    any other)."""
     port = free_port()
-    srv = Server(server_config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **options))
+    if getattr(app.state, "service", None) is None:  # not patchgym's app (a scripted model endpoint): plain uvicorn
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **options)
+    else:
+        config = server_config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **options)
+    srv = Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
