@@ -19,6 +19,7 @@ resources and cleans up, but it does not contain hostile code.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import posixpath
@@ -40,6 +41,7 @@ from patchgym.sandboxes.base import (
     SandboxError,
     SandboxSpec,
     SandboxUsage,
+    WorkspaceError,
 )
 from patchgym.sandboxes.bytecode import PREFIX_ENV
 from patchgym.sandboxes.environments import (
@@ -71,6 +73,11 @@ from patchgym.sandboxes.repos import copy_checkout, git, pristine_checkout
 from patchgym.sandboxes.wire import ServerError, exec_request, exec_result, server_error
 
 log = logging.getLogger(__name__)
+
+# An init killed by the sandbox's own memory limit takes the workspace in its namespace with it: the
+# agent's doing (a command can raise the init's oom_score_adj), so its failure from then on, never a
+# masked one.
+MEMORY_LOST = "the sandbox ran out of memory and lost its workspace with its init process; reset() makes a new one"
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _warned_unisolated = False
@@ -147,6 +154,7 @@ class LocalSandbox(ClosesItself):
         self._closing = False
         self._mounts_prefix: list[str] | None = None  # the workspace's mounts, made in the sandbox's namespace
         self._lost: str | None = None  # why the workspace is gone (its namespace died), until a reset
+        self._lost_to_memory = False  # ... and the sandbox's memory limit killed its init (the agent's doing)
         binds = dict(read_only_binds or {})
         self.binds = binds if self.isolated else {host: host for host in binds}
         try:
@@ -209,6 +217,9 @@ class LocalSandbox(ClosesItself):
                       limit: int) -> ExecResult:
         """Run ``command`` through the sandbox's init process (started again if it is gone and the
         workspace is not in its namespace)."""
+        if self._lost is not None and self._lost_to_memory:
+            return ExecResult(exit_code=-signal.SIGKILL, timed_out=False, duration=0.0,
+                              output=f"\n[patchgym: {MEMORY_LOST}]\n")
         self._ensure_init()
         assert self._init is not None
         start = time.monotonic()
@@ -230,6 +241,7 @@ class LocalSandbox(ClosesItself):
             if self._closing:
                 raise SandboxClosedError(f"sandbox {self.id} was closed while the command ran")
             if self._group is not None and (self._group.oom_kills() or 0) > self._oom_kills_at_start:
+                self._lost_to_memory = self._lost is not None
                 return ExecResult(exit_code=-signal.SIGKILL, timed_out=False, duration=time.monotonic() - start,
                                   output="\n[patchgym: command killed: out of memory (the sandbox's memory limit)]\n")
             if not self._init_started:
@@ -292,6 +304,8 @@ class LocalSandbox(ClosesItself):
             self._lost = why
 
     def _ensure_init(self) -> None:
+        if self._lost is not None and self._lost_to_memory:
+            raise WorkspaceError(MEMORY_LOST)
         if self._lost is not None:
             raise SandboxError(f"sandbox {self.id} lost its workspace ({self._lost}); reset() makes a new one")
         if self._init is None:
@@ -326,6 +340,8 @@ class LocalSandbox(ClosesItself):
     def read_file(self, path: str) -> bytes:
         with self._lock:
             self._check_open()
+            if self._lost is not None and self._lost_to_memory:
+                raise OSError(errno.EIO, MEMORY_LOST)  # the editor's tool error, as any unreadable file
             if self._mounts_prefix is not None:
                 return self._init_request(b"R", (path.encode("utf-8", "surrogateescape"),), 120.0)[0]
             return read_regular(self.workspace, path, (SANDBOX_WORKDIR,))
@@ -334,6 +350,8 @@ class LocalSandbox(ClosesItself):
         data = data.encode() if isinstance(data, str) else data
         with self._lock:
             self._check_open()
+            if self._lost is not None and self._lost_to_memory:
+                raise OSError(errno.EIO, MEMORY_LOST)
             if self._mounts_prefix is not None:
                 self._init_request(b"W", (path.encode("utf-8", "surrogateescape"), data), 120.0)
                 return
@@ -359,7 +377,7 @@ class LocalSandbox(ClosesItself):
             if self._mounts_prefix is None:
                 self._clear()
                 self._fill()
-            self._lost = None
+            self._lost, self._lost_to_memory = None, False
             self._start_init()  # where the workspace is in its namespace, a pristine one with it
 
     def close(self) -> None:

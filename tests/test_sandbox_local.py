@@ -416,6 +416,28 @@ def test_an_init_process_killed_from_outside_is_an_infrastructure_error_until_a_
     assert calc_sandbox.exec("ls kept.txt").exit_code != 0 and calc_sandbox.diff() == ""
 
 
+
+def test_an_init_killed_by_the_sandboxs_memory_limit_is_the_agents_failure_until_a_reset(calc_sandbox, monkeypatch):
+    """A command may raise the init's oom_score_adj, so an init the sandbox's memory limit killed
+    (taking the workspace in its namespace with it) is the agent's doing: what follows is its
+    failure (a command's output, an editor error, a diff the grader scores 0), never a masked
+    infrastructure error that would hide the episode's 0."""
+    from patchgym.sandboxes.base import WorkspaceError
+
+    calc_sandbox.exec("echo kept > kept.txt")
+    monkeypatch.setattr(calc_sandbox._group, "oom_kills", lambda: 10**6)  # as the cgroup counts an OOM kill
+    calc_sandbox._group.kill_all()
+    assert "out of memory" in calc_sandbox.exec("true").output
+    again = calc_sandbox.exec("cat kept.txt")
+    assert again.exit_code != 0 and "lost its workspace" in again.output
+    with pytest.raises(WorkspaceError, match="out of memory"):
+        calc_sandbox.diff()
+    with pytest.raises(OSError, match="out of memory"):
+        calc_sandbox.read_file("kept.txt")
+    monkeypatch.undo()
+    calc_sandbox.reset()
+    assert calc_sandbox.exec("ls kept.txt").exit_code != 0 and calc_sandbox.diff() == ""
+
 def test_a_sandbox_weighs_as_one_process_in_a_cpu_cgroup_of_its_own(calc_task):
     """Each local sandbox's processes share one cpu cgroup (a weight and a quota, as a Docker
     container's): 100 busy processes get one sandbox's share, not 100 processes' worth. The
