@@ -652,8 +652,10 @@ static void respond_errno(int err, const char *path) {
         respond_error("outside", "%s is a symbolic link", path);
     else if (err == EISDIR || err == ENXIO)
         respond_error("notregular", "%s is not a regular file", path);
-    else
-        respond_error("internal", "%s: %s", path, strerror(err));
+    else if (err == ENOTDIR || err == EEXIST)
+        respond_error("notdir", "[Errno %d] %s: '%s'", err, strerror(err), path);
+    else /* the workspace's state (permissions, a full disk): the agent's, never the sandbox's failure */
+        respond_error("oserror", "[Errno %d] %s: '%s'", err, strerror(err), path);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -832,7 +834,7 @@ static void do_write(const struct field *f) {
         }
         if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
             *p = saved;
-            respond_error("internal", "[Errno 17] File exists: '%s'", parent);
+            respond_error("notdir", "[Errno 17] File exists: '%s'", parent);
             return;
         }
         *p = saved;
@@ -846,7 +848,7 @@ static void do_write(const struct field *f) {
     if (write_all(fd, f[1].data, f[1].len) != 0) {
         int err = errno;
         close(fd);
-        respond_error("internal", "writing %s: %s", path, strerror(err));
+        respond_error("oserror", "[Errno %d] writing %s: %s", err, path, strerror(err));
         return;
     }
     close(fd);

@@ -20,8 +20,9 @@ OK, ERROR = b"0", b"E"
 
 
 class ServerError(Exception):
-    """An error a command server answered with: ``kind`` (outside, notfound, notregular,
-    workspace, internal) and its message."""
+    """An error a command server answered with: ``kind`` (outside, notfound, notregular, notdir,
+    oserror, workspace, internal) and its message. All but ``internal`` are the workspace's state,
+    which the agent made: never the sandbox's failure (that would mask the episode)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -75,6 +76,10 @@ def server_error(kind: str, message: str) -> Exception:
         return FileNotFoundError(message)
     if kind == "notregular":
         return IsADirectoryError(message)
+    if kind == "notdir":
+        return NotADirectoryError(message)
+    if kind == "oserror":
+        return OSError(message)
     if kind == "workspace":
         return WorkspaceError(message)
     return SandboxError(message)
@@ -83,7 +88,8 @@ def server_error(kind: str, message: str) -> Exception:
 def error_kind(exc: BaseException) -> str:
     """The kind a command server answers ``exc`` with (:func:`server_error`'s inverse)."""
     for kind, types in (("outside", PathOutsideWorkspaceError), ("notfound", FileNotFoundError),
-                        ("notregular", IsADirectoryError), ("workspace", WorkspaceError)):
+                        ("notregular", IsADirectoryError), ("notdir", (NotADirectoryError, FileExistsError)),
+                        ("workspace", WorkspaceError), ("oserror", OSError)):
         if isinstance(exc, types):
             return kind
     return "internal"
