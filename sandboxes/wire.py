@@ -68,28 +68,30 @@ def answer_fields(body: bytes) -> list[bytes]:
     return fields
 
 
+# The kinds of error a command server answers with besides "internal" (its own failure, a
+# SandboxError): each one's exception on the host, and the exceptions answered with it, matched in
+# this order (OSError, the most general, last). One table, so that the two directions agree.
+ERROR_KINDS = (
+    ("outside", PathOutsideWorkspaceError, (PathOutsideWorkspaceError,)),
+    ("notfound", FileNotFoundError, (FileNotFoundError,)),
+    ("notregular", IsADirectoryError, (IsADirectoryError,)),
+    ("notdir", NotADirectoryError, (NotADirectoryError, FileExistsError)),
+    ("workspace", WorkspaceError, (WorkspaceError,)),
+    ("oserror", OSError, (OSError,)),
+)
+
+
 def server_error(kind: str, message: str) -> Exception:
     """The exception for an error a command server answered with."""
-    if kind == "outside":
-        return PathOutsideWorkspaceError(message)
-    if kind == "notfound":
-        return FileNotFoundError(message)
-    if kind == "notregular":
-        return IsADirectoryError(message)
-    if kind == "notdir":
-        return NotADirectoryError(message)
-    if kind == "oserror":
-        return OSError(message)
-    if kind == "workspace":
-        return WorkspaceError(message)
+    for known, exception, _ in ERROR_KINDS:
+        if kind == known:
+            return exception(message)
     return SandboxError(message)
 
 
 def error_kind(exc: BaseException) -> str:
     """The kind a command server answers ``exc`` with (:func:`server_error`'s inverse)."""
-    for kind, types in (("outside", PathOutsideWorkspaceError), ("notfound", FileNotFoundError),
-                        ("notregular", IsADirectoryError), ("notdir", (NotADirectoryError, FileExistsError)),
-                        ("workspace", WorkspaceError), ("oserror", OSError)):
+    for kind, _, types in ERROR_KINDS:
         if isinstance(exc, types):
             return kind
     return "internal"
