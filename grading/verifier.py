@@ -97,8 +97,30 @@ class Verifier:
         """Grade ``patch`` for ``task``. ``run_empty`` runs the tests even for an empty patch."""
         meter = CostMeter()
         with meter.charging():
-            report = self._verify(task, patch, meter, model_name=model_name, run_empty=run_empty)
+            try:
+                report = self._verify(task, patch, meter, model_name=model_name, run_empty=run_empty)
+            except Exception as exc:  # a harness bug, or one this patch found: the pristine base decides
+                report = self.settle_crash(task, patch, exc, model_name=model_name)
         report.cost = meter.result(self.prices)
+        return settle(report)
+
+    def settle_crash(self, task: Task, patch: str | None, exc: Exception, *,
+                     model_name: str | None = None) -> InstanceReport:
+        """Grading ``patch`` raised ``exc``: the agent's failure (reward 0, the exception in
+        ``error``) unless grading no patch at all, on the pristine base, raises too. Only that
+        proves the fault independent of the agent, and only then is it masked."""
+        log.warning("%s: grading raised %s: %s", task.instance_id, type(exc).__name__, exc, exc_info=exc)
+        report = InstanceReport(instance_id=task.instance_id, model_name_or_path=model_name,
+                                patch_is_None=patch is None, patch_exists=bool(patch and patch.strip()),
+                                error=f"grading failed on this patch: {type(exc).__name__}: {str(exc)[:1000]}",
+                                outcome=Outcome.AGENT_FAILURE)
+        try:
+            self._verify(task, None, CostMeter(), model_name=model_name, run_empty=True)
+        except Exception as base:
+            report.infrastructure_failure = True
+            report.infrastructure_failure_reason = (f"harness error: {type(exc).__name__}: {str(exc)[:1000]}; on the "
+                                                    f"pristine base too: {type(base).__name__}: {str(base)[:1000]}")
+        report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
         return settle(report)
 
     def _verify(self, task: Task, patch: str | None, meter: CostMeter, *, model_name: str | None,
@@ -114,10 +136,11 @@ class Verifier:
         if report.patch_exists:
             try:
                 files = read_agent_patch(patch or "")
-            except PatchError as exc:
-                # Nothing to apply (or nothing it is safe to read): the agent's failure, said without
-                # paying for a sandbox.
-                report.error = f"the patch cannot be parsed: {exc}"
+            except Exception as exc:
+                # Nothing to apply (or nothing it is safe to read), whatever the reader raised: the
+                # agent's failure, said without paying for a sandbox.
+                reason = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {str(exc)[:500]}"
+                report.error = f"the patch cannot be parsed: {reason}"
                 report.outcome = Outcome.AGENT_FAILURE
                 report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
                 return report
