@@ -42,6 +42,7 @@ from patchgym.grading import canary_copies
 from patchgym.grading.labels import NOT_STARTED_EXIT_CODES
 from patchgym.grading.outcome import TestStatus, lookup
 from patchgym.grading.pyast import parse as parse_python
+from patchgym.grading.twins import Twins
 
 PASSING = (TestStatus.PASSED, TestStatus.XFAIL)
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)
@@ -465,10 +466,12 @@ def _copy_holds(canary: str, original: str, guard: str | None, statuses: dict[st
 
 def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus] | None,
               record: RunRecord | None, reporter: bool, requested: list[str],
-              canaries: Canaries | None) -> str | None:
+              canaries: Canaries | None, twins: Twins | None = None) -> str | None:
     """Why this run's results cannot be believed, or None. ``reporter`` says whether the run had
     patchgym's reporter (not for a test command patchgym could not take over); ``record`` is what
-    it wrote (None: no file) and ``junit`` pytest's junit statuses (None: missing or unreadable)."""
+    it wrote (None: no file) and ``junit`` pytest's junit statuses (None: missing or unreadable);
+    ``requested``: the tests by their names in the run, ``twins`` among them
+    (:mod:`.twins`)."""
     killed = exit_code in KILLED_EXIT_CODES or KILLED_MARK in output
     if reporter and record is None:
         # Placed empty before the run and written by the supervisor at its end: a run killed whole
@@ -492,6 +495,11 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
             ours, theirs = _outcome(lookup(test_id, record.statuses)), _outcome(lookup(test_id, junit))
             if ours != theirs:
                 return f"the junit report says {test_id} {theirs}, the runner saw it {ours}"
+    if twins is not None:
+        for statuses in [junit or {}] + ([record.statuses] if record is not None else []):
+            problem = twins.problem(statuses)
+            if problem:
+                return problem
     if canaries is not None and junit is not None:
         # A session pytest ended early (2 interrupted, 3 internal error: pytest-7168's own bug is an
         # INTERNALERROR) never ran the canaries placed after the test it stopped at. Their absence
