@@ -429,6 +429,34 @@ def test_special_casing_what_each_assert_expects_gets_no_reward(checkouts, backe
                    report.test_output)
 
 
+# -- nothing reachable from the run names the hidden tests ------------------------------------------
+
+# From a child process (no audit hook there), once the hidden test module imports the package: every
+# file of the workspace but .git, the runner's command line and its environment, searched for the
+# hidden tests' official names; the import then fails with what was found, into the test log.
+LOOK_FOR_NAMES = """
+import subprocess as _pg_subprocess
+_pg_names = [n[::-1] for n in {names!r}]  # reversed here: this file is searched too
+_pg_pattern = " ".join("-e " + n for n in _pg_names)
+_pg_found = _pg_subprocess.run(["sh", "-c", "grep -rlI --exclude-dir=.git %s . ; "
+                                "tr '\\\\0' '\\\\n' < /proc/$PPID/cmdline | grep %s ; "
+                                "tr '\\\\0' '\\\\n' < /proc/$PPID/environ | grep %s ; true"
+                                % (_pg_pattern, _pg_pattern, _pg_pattern)],
+                               capture_output=True, timeout=60).stdout.decode()
+raise RuntimeError("PG-FOUND: %r" % _pg_found)
+"""
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_no_file_argv_or_environment_of_the_run_names_a_hidden_test(task_id, checkouts, backend):
+    task, repo = checkouts[task_id]
+    names = sorted({t.split("::")[-1].split("[")[0][::-1] for t in task.FAIL_TO_PASS})
+    report = Verifier(sandbox_factory(backend)).verify(task, repo.append(repo.init, under_pytest(
+        LOOK_FOR_NAMES.format(names=names))))
+    assert "PG-FOUND: ''" in report.test_output, report.test_output[-3000:]
+    assert report.reward == 0.0 and not report.infrastructure_failure
+
+
 # -- 7. nothing parsed from the agent is masked ----------------------------------------------------
 
 HUGE_HUNK = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -0,0 +1," + "9" * 5000 + " @@\n+x = 1\n"
