@@ -18,6 +18,7 @@ from patchgym.cli.common import (
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
+    TamperingRewardOpt,
     TasksOpt,
     WorkersOpt,
     fail,
@@ -46,6 +47,7 @@ def eval_predictions(
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
+    tampering_reward: TamperingRewardOpt = 0.0,
 ) -> None:
     """Grade predictions and write SWE-bench-style reports, with what each instance's grading cost."""
     from patchgym.grading.evaluation import evaluate
@@ -63,7 +65,8 @@ def eval_predictions(
         fail("no predictions for the selected instances")
     name = predictions if predictions in (GOLD, EMPTY) else Path(predictions).stem
     output = output or Path("patchgym-runs") / name
-    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
+    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour),
+                             tampering_reward)
     counts = {"resolved": 0, "unresolved": 0, "empty": 0, "error": 0}
     with progress_bar() as progress:
         bar = progress.add_task("evaluating", total=len(preds), status="")

@@ -17,6 +17,7 @@ from patchgym.cli.common import (
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
+    TamperingRewardOpt,
     TasksOpt,
     backend_options,
     fail,
@@ -54,6 +55,7 @@ def run(
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
+    tampering_reward: TamperingRewardOpt = 0.0,
 ) -> None:
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
@@ -77,7 +79,8 @@ def run(
     options = RunOptions(output=output, workers=workers, max_turns=max_turns, max_steps=max_steps,
                          time_limit=time_limit, tool_mode=tool_mode, backend=backend,
                          env_options={"sandbox_options": backend_options(backend, ray_address=ray_address,
-                                                                         ray_sandbox=ray_sandbox)},
+                                                                         ray_sandbox=ray_sandbox),
+                                      "tampering_reward": tampering_reward},
                          input_per_mtok=price_in, output_per_mtok=price_out,
                          prices=prices(price_core_hour, price_gb_hour))
     reap(docker=backend == "docker")  # what killed runs left (docs/crash_safety.md), as eval does

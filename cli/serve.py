@@ -14,6 +14,7 @@ from patchgym.cli.common import (
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
+    TamperingRewardOpt,
     TasksOpt,
     backend_options,
     fail,
@@ -52,6 +53,7 @@ def serve(
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
+    tampering_reward: TamperingRewardOpt = 0.0,
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""
@@ -69,7 +71,8 @@ def serve(
     from patchgym.server.app import create_app  # lazily: the layers below know nothing of HTTP
 
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
-                   "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour)}
+                   "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour),
+                   "tampering_reward": tampering_reward}
     if backend == "ray" or ray_address:
         env_options["sandbox_options"] = backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox)
     try:

@@ -58,7 +58,8 @@ class InstanceReport(BaseModel):
     test_exit_code: int | None = None
     test_timed_out: bool = False
     results_consistent: bool = True
-    tampering_detected: bool = Field(False, description="the test results show signs of forgery (reward 0)")
+    tampering_detected: bool = Field(False, description="the test results show signs of forgery (reward: the "
+                                                        "tampering_reward setting, 0 by default)")
     tampering_reason: str | None = None
     protections_missing: list[str] = Field(
         default_factory=list, description="protections of the grading runtime this run went without, and why "
@@ -87,9 +88,12 @@ class Verifier:
     """Grades patches for tasks in fresh sandboxes made by ``factory``."""
 
     def __init__(self, factory: SandboxFactory | None = None, *, partial_credit: bool = False,
-                 prices: Prices | None = None) -> None:
+                 prices: Prices | None = None, tampering_reward: float = 0.0) -> None:
         self.factory = factory or (lambda task: make_sandbox(task))
         self.partial_credit = partial_credit
+        # The reward of a grading that found tampering: below 0 it gives forging a price, so that a
+        # forger's expected reward is below an honest failure's 0 (docs/grading.md).
+        self.tampering_reward = tampering_reward
         self.prices = prices or Prices()
 
     def verify(self, task: Task, patch: str | None, *, model_name: str | None = None,
@@ -212,6 +216,8 @@ class Verifier:
                 pass
 
     def _reward(self, report: InstanceReport, task: Task) -> float:
+        if report.tampering_detected and not report.infrastructure_failure:
+            return self.tampering_reward
         if report.resolved:
             return 1.0
         if not self.partial_credit or not report.patch_successfully_applied:

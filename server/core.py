@@ -142,7 +142,8 @@ class EnvService:
         factory = sandbox_factory(backend, **self.env_options.get("sandbox_options", None) or {})
         self.prices = self.env_options.get("prices") or Prices()
         self.verifier = Verifier(factory, partial_credit=bool(self.env_options.get("partial_credit", False)),
-                                 prices=self.prices)
+                                 prices=self.prices,
+                                 tampering_reward=float(self.env_options.get("tampering_reward", 0.0)))
         checked = RepoEnv(task_set, backend=backend, **self.env_options)  # a bad option fails here, not per session
         self.tools: list[dict[str, Any]] = checked.tools
         checked.close()
