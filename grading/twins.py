@@ -6,7 +6,8 @@ canaries, if anything tells them apart. Here nothing does, and choosing needs th
 * every module-level FAIL_TO_PASS test function (its name bound nowhere else in its module) is
   renamed for the run by the module's own name generator (:func:`.canary_copies.name_maker`, the
   canaries' too), and mapped back to its official id outside the sandbox;
-* where one of its assertions compares with a literal (``assert f(x) == 3``, ``assert "a" == s``;
+* where one of its assertions compares with a literal (``assert f(x) == 3``, ``assert "a" == s``,
+  ``assert f() == ["a", 2]``: one number, text or bytes of a container changed;
   a straight-line statement of the body, followed only by assertions, in a function with no
   ``return``), it gets 2-4 **twins**: the same function with that literal changed to another value
   of its type. The test and its twins are one group of values that differ in one place (integers:
@@ -138,20 +139,24 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
         return
     new_name = name_maker(tree, rng)
     replaced: list[tuple[int, int, bytes]] = []  # (first line, last line) 1-based -> new text
+    renamed: dict[str, str] = {}
+    twins: dict[str, tuple[str, ...]] = {}
     try:
         for node in nodes:
             group = _group(node, lines, rng)
             members = [(new_name(), mutation) for mutation in group] if group else [(new_name(), None)]
             original_name = members[0][0]
-            result.renamed[f"{path}::{node.name}"] = f"{path}::{original_name}"
+            renamed[f"{path}::{node.name}"] = f"{path}::{original_name}"
             if len(members) > 1:
-                result.twins[f"{path}::{original_name}"] = tuple(f"{path}::{name}" for name, _ in members[1:])
+                twins[f"{path}::{original_name}"] = tuple(f"{path}::{name}" for name, _ in members[1:])
             rng.shuffle(members)
             text = "\n\n".join(function_text(node, lines, name, mutation) for name, mutation in members)
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             replaced.append((first, node.end_lineno, text.encode("utf-8")))
-    except (ValueError, IndexError, UnicodeDecodeError):
+    except (ValueError, IndexError, UnicodeDecodeError):  # the generator ran out of names, say: all or nothing
         return
+    result.renamed.update(renamed)
+    result.twins.update(twins)
     out = list(lines)
     for first, last, text in sorted(replaced, reverse=True):
         out[first - 1:last] = [text if text.endswith(b"\n") else text + b"\n"]
@@ -188,23 +193,52 @@ def _group(node: ast.FunctionDef, lines: list[bytes], rng: random.Random) -> lis
         literal = _expected_literal(statement.test)
         if literal is not None:
             candidates.append(literal)
-    rng.shuffle(candidates)
-    for literal in candidates:
-        values = _values(ast.literal_eval(literal), rng)
+    leaves = [leaf for literal in candidates for leaf in _leaves(literal)]
+    rng.shuffle(leaves)
+    # A number, or a text with a digit, first: a letter changed in a word makes a misspelling (see
+    # _text_group).
+    leaves.sort(key=lambda leaf: not _numeric(ast.literal_eval(leaf)))
+    for leaf in leaves:
+        values = _values(ast.literal_eval(leaf), rng)
         if values:
-            start = (literal.lineno, literal.col_offset)
-            end = (literal.end_lineno, literal.end_col_offset)
+            start = (leaf.lineno, leaf.col_offset)
+            end = (leaf.end_lineno, leaf.end_col_offset)
             return [Mutation(start, end, repr(value)) for value in values]
     return None
 
 
+def _leaves(literal: ast.expr) -> list[ast.expr]:
+    """The numbers, texts and bytes of a literal (itself, or in a list, tuple, set or dict of
+    literals): changing one changes the value compared with."""
+    value = literal.operand if isinstance(literal, ast.UnaryOp) and isinstance(literal.op, ast.USub) else literal
+    if isinstance(value, ast.Constant):
+        return [literal] if type(value.value) in (int, float, str, bytes) else []
+    if isinstance(literal, (ast.List, ast.Tuple, ast.Set)):
+        children = literal.elts
+    elif isinstance(literal, ast.Dict) and None not in literal.keys:
+        children = [*literal.keys, *literal.values]
+    else:
+        return []
+    return [leaf for child in children for leaf in _leaves(child)]
+
+
+def _numeric(value: object) -> bool:
+    if isinstance(value, (str, bytes)):
+        return any(c in b"0123456789" if isinstance(value, bytes) else c in _CLASSES[0] for c in value)
+    return True
+
+
 def _expected_literal(test: ast.expr) -> ast.expr | None:
-    """The literal side of ``x == <literal>`` (or ``<literal> == x``): a number, text or bytes."""
+    """The literal side of ``x == <literal>`` (or ``<literal> == x``): a number, text or bytes, or
+    a list, tuple, set or dict of literals."""
     if not isinstance(test, ast.Compare) or len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
         return None
     for side in (test.comparators[0], test.left):
-        value = side.operand if isinstance(side, ast.UnaryOp) and isinstance(side.op, ast.USub) else side
-        if isinstance(value, ast.Constant) and type(value.value) in (int, float, str, bytes):
+        if isinstance(side, (ast.Constant, ast.UnaryOp, ast.List, ast.Tuple, ast.Set, ast.Dict)) and _leaves(side):
+            try:
+                ast.literal_eval(side)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
             return side
     return None
 

@@ -76,6 +76,13 @@ def test_the_run_lists_each_group_in_random_order():
     assert len(orders) > 1
 
 
+def test_a_module_the_generator_runs_out_of_names_for_is_left_whole():
+    source = b'def test_a():\n    assert f() == 1\n'
+    twins = make_twins({"t.py": source}, ["t.py::test_a"], random.Random(0))
+    assert twins.files == {} and twins.renamed == {} and twins.twins == {}
+    assert twins.run_id("t.py::test_a") == "t.py::test_a"
+
+
 def test_a_twin_that_passes_is_tampering():
     twins = _twins()
     run = twins.run_id(FAILING[0])
@@ -84,3 +91,18 @@ def test_a_twin_that_passes_is_tampering():
     assert twins.problem(honest) is None
     assert "both passed" in twins.problem({**honest, twin: TestStatus.PASSED})
     assert "twin of a hidden test passed" in twins.problem({run: TestStatus.FAILED, twin: TestStatus.PASSED})
+
+
+def test_a_container_of_literals_gets_one_of_its_values_changed():
+    source = SOURCE + (b'\n\ndef test_values_of_file():\n'
+                       b'    assert values() == {"FIRST": "1", "SECOND": [2, "b"]}\n')
+    twins = make_twins({"t.py": source}, ["t.py::test_values_of_file"], random.Random(3))
+    run = twins.run_id("t.py::test_values_of_file")
+    module = ast.parse(twins.files["t.py"])
+    expected = {n.name: ast.literal_eval(n.body[-1].test.comparators[0]) for n in module.body
+                if isinstance(n, ast.FunctionDef) and "values" in ast.unparse(n.body[-1])}
+    group = [e.split("::")[1] for e in (run, *twins.twins[run])]
+    assert expected[group[0]] == {"FIRST": "1", "SECOND": [2, "b"]}
+    assert len({repr(expected[g]) for g in group}) == len(group)
+    for name in group[1:]:  # the same keys: a number changed, never a key misspelt
+        assert expected[name].keys() == expected[group[0]].keys()
