@@ -106,3 +106,21 @@ def test_a_container_of_literals_gets_one_of_its_values_changed():
     assert len({repr(expected[g]) for g in group}) == len(group)
     for name in group[1:]:  # the same keys: a number changed, never a key misspelt
         assert expected[name].keys() == expected[group[0]].keys()
+
+
+def test_validation_calls_a_twin_that_passes_on_gold_or_base_a_problem_of_the_task():
+    from patchgym import load_task_set
+    from patchgym.grading.verifier import InstanceReport
+    from patchgym.making.validation import validate_task
+
+    task = load_task_set(None).get("patchgym__semverkit-1")
+
+    class Grader:  # gold resolves; the base run finds a twin that passed
+        def verify(self, task, patch, run_empty=False):
+            if patch:
+                return InstanceReport(instance_id=task.instance_id, resolved=True, duration_seconds=0.0)
+            return InstanceReport(instance_id=task.instance_id, tampering_detected=True, duration_seconds=0.0,
+                                  tampering_reason="a conflicting twin of a hidden test passed: t::x")
+
+    validation = validate_task(task, Grader(), runs=1)
+    assert validation.problems == ["tampering found on the base: a conflicting twin of a hidden test passed: t::x"]
