@@ -47,7 +47,7 @@ from pathlib import Path
 from patchgym import load_task_set  # noqa: E402
 from patchgym.grading import canary_copies, testrun  # noqa: E402
 from patchgym.grading.patches import parse_patch  # noqa: E402
-from patchgym.grading.twins import make_twins  # noqa: E402
+from patchgym.grading.twins import Twins, make_twins  # noqa: E402
 from patchgym.grading.verifier import Verifier  # noqa: E402
 from patchgym.making.git_source import open_source  # noqa: E402
 from patchgym.tasks.backends import sandbox_factory  # noqa: E402
@@ -169,15 +169,17 @@ def forged_patch(task: Task, forger: str) -> str:
 
 @contextlib.contextmanager
 def measured(copies: bool) -> Iterator[None]:
-    """The audit hook off and, unless ``copies``, the arithmetic canaries alone, for the block."""
-    hook, make = testrun.AUDIT_HOOK, canary_copies.make_copies
+    """The audit hook and the twins (measured apart, ``--twins``) off and, unless ``copies``, the
+    arithmetic canaries alone, for the block: what the canaries catch on their own."""
+    hook, make, twins = testrun.AUDIT_HOOK, canary_copies.make_copies, testrun.make_twins
     testrun.AUDIT_HOOK = False
+    testrun.make_twins = lambda *args, **kwargs: Twins()
     if not copies:
         canary_copies.make_copies = lambda *args, **kwargs: []
     try:
         yield
     finally:
-        testrun.AUDIT_HOOK, canary_copies.make_copies = hook, make
+        testrun.AUDIT_HOOK, canary_copies.make_copies, testrun.make_twins = hook, make, twins
 
 
 def forger_wins(task: Task, forger: str, *, copies: bool, verifier: Verifier | None = None) -> tuple[bool, str]:
