@@ -60,6 +60,7 @@ interpreter, from which the harness reports the hook as missing (``protections_m
 """
 
 import fnmatch
+import operator
 import os
 import sys
 import sysconfig
@@ -96,6 +97,11 @@ FUNCTION_BODY = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 REWRITER = os.path.join("_pytest", "assertion", "rewrite.py")
 IMPORT_MACHINERY = "<frozen importlib"  # the frozen import system's code objects' file name
 RUNNER_PREFIXES = ("_pytest", "pytest", "pluggy", "patchgym")
+# The key of an object's identity in ``Policy.trusted_codes``: ``id()`` without its audit event
+# (``builtins.id``: the hook is called for every event, and the trust walk keys tens of thousands of
+# objects). ``object``'s own hash is the object's address, rotated: one key per live object, whatever
+# its type defines, and no type can replace it.
+identity = object.__hash__
 
 
 # What grading.patches.is_test_or_config calls a test file (the runtime cannot import
@@ -177,11 +183,12 @@ class Policy:
         self._verdicts = {}  # filename -> trusted
         self.pending = {}  # event -> (file, line) of an untrusted sys.setprofile/settrace to judge
         self.stdlib_getframe = False  # see stdlib_frames_own
-        # Code objects of every module loaded before the repository was importable (identity: ids,
-        # the objects kept so that no id is reused), and what is told of each hidden test module's
+        # Code objects of every module loaded before the repository was importable (by :data:`identity`,
+        # the objects kept so that no address is reused), and what is told of each hidden test module's
         # code as it is executed (effects.HiddenCode.add).
         self.trusted_codes = set()
         self._pinned = []
+        self._walked = {}  # identity(module or class) -> (it, its namespace's values when walked): see _trust_code_of
         self.on_hidden_module = None
         self.trusting = False  # code is made and judged by identity once the runner is trusted
 
@@ -223,9 +230,23 @@ class Policy:
     def _trust_code_of(self, modules):
         """Trust by identity the code of ``modules``: their functions', their classes' (methods,
         static and class methods, properties, nested classes), and the code nested in them
-        (closures, comprehensions, lambdas made later)."""
-        function_type, stack, classes = types.FunctionType, [], set()
-        values = [v for module in modules for v in list(getattr(module, "__dict__", {}).values())]
+        (closures, comprehensions, lambdas made later). Called again (pytest's plugins loaded), it
+        walks only what is new: the new modules, and every namespace walked before whose values are
+        no longer the same objects (a plugin's function set on one of pytest's classes)."""
+        function_type, stack, values = types.FunctionType, [], []
+        walked, same = self._walked, operator.is_
+        for owner, before in list(walked.values()):
+            now = list(vars(owner).values())
+            if len(now) != len(before) or not all(map(same, now, before)):
+                walked[identity(owner)] = (owner, now)
+                values.extend(now)
+        for module in modules:
+            namespace = getattr(module, "__dict__", {})
+            if type(namespace) is not dict:  # not a module's namespace: walked each time
+                values.extend(list(namespace.values()))
+            elif identity(module) not in walked:
+                walked[identity(module)] = (module, list(namespace.values()))
+                values.extend(walked[identity(module)][1])
         while values:
             value = values.pop()
             kind = type(value)
@@ -235,9 +256,11 @@ class Policy:
                 values.append(value.__func__)
             elif kind is property:
                 values.extend(f for f in (value.fget, value.fset, value.fdel) if f is not None)
-            elif isinstance(value, type) and id(value) not in classes:
-                classes.add(id(value))
-                values.extend(vars(value).values())
+            elif isinstance(value, type):
+                key = identity(value)
+                if key not in walked:
+                    walked[key] = (value, list(vars(value).values()))
+                    values.extend(walked[key][1])
         self._trust_codes(stack)
 
     def _trust_codes(self, stack):
@@ -245,9 +268,10 @@ class Policy:
         code_type, seen, pinned = types.CodeType, self.trusted_codes, self._pinned
         while stack:
             code = stack.pop()
-            if id(code) in seen:
+            key = identity(code)
+            if key in seen:
                 continue
-            seen.add(id(code))
+            seen.add(key)
             pinned.append(code)
             stack.extend(c for c in code.co_consts if type(c) is code_type)
 
@@ -257,13 +281,13 @@ class Policy:
         library, a module of the runner's packages) — compiled by pytest's assertion rewriter from
         the file it read, or equal to the file's bytecode cache or to the file compiled. The hidden
         test modules' code is told to ``on_hidden_module`` too (``effects.HiddenCode``)."""
-        if type(code) is not types.CodeType or code.co_name != "<module>" or id(code) in self.trusted_codes:
+        if type(code) is not types.CodeType or code.co_name != "<module>" or identity(code) in self.trusted_codes:
             return
         real = _real(code.co_filename)
         kind = self.registrable(real)
         if kind is None:
             return
-        rewritten = (caller is not None and id(caller.f_code) in self.trusted_codes
+        rewritten = (caller is not None and identity(caller.f_code) in self.trusted_codes
                      and caller.f_code.co_filename.endswith(REWRITER))
         if not (rewritten or _same_code(code, real)):
             return
@@ -301,7 +325,7 @@ class Policy:
             return False
         if not self.trusting or (filename.startswith("<") and not filename.startswith(IMPORT_MACHINERY)):
             return True
-        return id(code) in self.trusted_codes
+        return identity(code) in self.trusted_codes
 
     def stdlib_frames_own(self, frame):
         """Whether ``frame`` (the code that called ``sys._getframe``) is the standard library's and
@@ -341,7 +365,7 @@ class Policy:
         """Why ``code`` (a caller's) claims to be what it is not: code of a module loaded before the
         repository was importable, or the import machinery's, that is not one of those code objects
         (``compile(src, "<.../_pytest/runner.py>", "exec")``); None when it does not."""
-        if id(code) in self.trusted_codes:
+        if identity(code) in self.trusted_codes:
             return None
         filename = code.co_filename
         if filename.startswith(IMPORT_MACHINERY):
@@ -514,7 +538,8 @@ def _same_source(source, filename):
 def _rewriter_read_the_file(frame, filename, policy):
     """pytest's assertion rewriter compiles the tree of a test module or plugin it read itself: the
     calling frame is the rewriter's own code, and a source it holds is the file's content."""
-    if frame is None or id(frame.f_code) not in policy.trusted_codes or not frame.f_code.co_filename.endswith(REWRITER):
+    if (frame is None or identity(frame.f_code) not in policy.trusted_codes
+            or not frame.f_code.co_filename.endswith(REWRITER)):
         return False
     held = [v for v in frame.f_locals.values() if isinstance(v, (str, bytes))]
     return not held or any(_same_source(v, filename) for v in held)
@@ -561,8 +586,8 @@ def install(policy):
         return None
 
     # Everything the hook needs is bound here: at interpreter shutdown module globals may be gone.
-    watched, state, getframe, say, exit_now, format_exc = (WATCHED, _state, sys._getframe, policy.say, os._exit,
-                                                           traceback.format_exc)
+    watched, state, getframe, say, exit_now, format_exc, key = (WATCHED, _state, sys._getframe, policy.say, os._exit,
+                                                                traceback.format_exc, identity)
 
     def hook(event, args):
         if event not in watched or getattr(state, "busy", False):
@@ -592,7 +617,7 @@ def install(policy):
             if frame is not None and policy.trusting:
                 # Trust by identity: the code of a module loaded before the repository was
                 # importable, or executed since as a trusted file's own (Policy.register_module).
-                if id(frame.f_code) in policy.trusted_codes:
+                if key(frame.f_code) in policy.trusted_codes:
                     return
                 forged = policy.forged_identity(frame.f_code)
                 if forged:

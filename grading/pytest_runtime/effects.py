@@ -194,7 +194,7 @@ def _configure_accessor(value, trusted_codes):
     value = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     function = value.fget if isinstance(value, property) else value
     code = getattr(function, "__code__", None)
-    if not isinstance(code, types.CodeType) or id(code) not in trusted_codes:
+    if not isinstance(code, types.CodeType) or object.__hash__(code) not in trusted_codes:  # audit.identity
         return False
     parts = set(code.co_filename.split(os.sep))
     return code.co_filename.endswith(CONFIGURE_ADDS_FROM) or not parts & {"_pytest", "pluggy", RUNTIME_DIR_PART}
