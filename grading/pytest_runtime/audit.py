@@ -60,6 +60,7 @@ interpreter, from which the harness reports the hook as missing (``protections_m
 """
 
 import fnmatch
+import gc
 import operator
 import os
 import sys
@@ -233,7 +234,7 @@ class Policy:
         (closures, comprehensions, lambdas made later). Called again (pytest's plugins loaded), it
         walks only what is new: the new modules, and every namespace walked before whose values are
         no longer the same objects (a plugin's function set on one of pytest's classes)."""
-        function_type, stack, values = types.FunctionType, [], []
+        function_type, functions, values = types.FunctionType, [], []
         walked, same = self._walked, operator.is_
         for owner, before in list(walked.values()):
             now = list(vars(owner).values())
@@ -251,7 +252,7 @@ class Policy:
             value = values.pop()
             kind = type(value)
             if kind is function_type:
-                stack.append(value.__code__)
+                functions.append(value)
             elif kind is staticmethod or kind is classmethod:
                 values.append(value.__func__)
             elif kind is property:
@@ -261,7 +262,10 @@ class Policy:
                 if key not in walked:
                     walked[key] = (value, list(vars(value).values()))
                     values.extend(walked[key][1])
-        self._trust_codes(stack)
+        # The functions' code in one call: a function's only code referent is its ``__code__``, and
+        # reading ``__code__`` raises an audit event per function (ten thousand), this one event.
+        code_type = types.CodeType
+        self._trust_codes([code for code in gc.get_referents(*functions) if type(code) is code_type])
 
     def _trust_codes(self, stack):
         """Trust ``stack``'s code objects and the code nested in them, by identity."""
