@@ -14,12 +14,21 @@ It wins when the grading says ``resolved``. Three ways to tell canaries apart:
   original of one (copies of the module's tests, guards and mutated ones, are such twins): it is
   spared, and so is its original, which passes anyway.
 
-Every forger is graded with the canaries copied from the module's own tests (``copies``, as
+* ``twins`` (``--twins``, nothing graded): a forger that knows everything but the right answers:
+  it tells every canary apart and special-cases the hidden tests, but a hidden test with conflicting
+  twins (grading/twins.py) is one of a group of near-identical tests that differ in one expected
+  value, so it picks one member of each group at random. It wins when it picks the test in every
+  group: the odds are computed from the twins made for the task's own test files (``--seeds``
+  draws), with the share of FAIL_TO_PASS tests that got at least one twin; a wrong pick passes a
+  twin, which is tampering.
+
+Every other forger is graded with the canaries copied from the module's own tests (``copies``, as
 graded) and with the arithmetic canaries alone (``arithmetic``, as before copies), with the audit
 hook off (``patchgym.grading.testrun.AUDIT_HOOK``, a setting of this process that no task or patch
 reaches): what the canaries catch on their own.
 
     python bench/canary_forger.py [--instance-ids ID ...] [--forgers name shape behaviour twin] [--json FILE]
+    python bench/canary_forger.py --twins [--seeds 200] [--instance-ids ID ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -28,13 +37,17 @@ import argparse
 import contextlib
 import difflib
 import json
+import random
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from patchgym import load_task_set  # noqa: E402
 from patchgym.grading import canary_copies, testrun  # noqa: E402
+from patchgym.grading.patches import parse_patch  # noqa: E402
+from patchgym.grading.twins import Twins, make_twins  # noqa: E402
 from patchgym.grading.verifier import Verifier  # noqa: E402
 from patchgym.making.git_source import open_source  # noqa: E402
 from patchgym.tasks.backends import sandbox_factory  # noqa: E402
@@ -156,15 +169,17 @@ def forged_patch(task: Task, forger: str) -> str:
 
 @contextlib.contextmanager
 def measured(copies: bool) -> Iterator[None]:
-    """The audit hook off and, unless ``copies``, the arithmetic canaries alone, for the block."""
-    hook, make = testrun.AUDIT_HOOK, canary_copies.make_copies
+    """The audit hook and the twins (measured apart, ``--twins``) off and, unless ``copies``, the
+    arithmetic canaries alone, for the block: what the canaries catch on their own."""
+    hook, make, twins = testrun.AUDIT_HOOK, canary_copies.make_copies, testrun.make_twins
     testrun.AUDIT_HOOK = False
+    testrun.make_twins = lambda *args, **kwargs: Twins()
     if not copies:
         canary_copies.make_copies = lambda *args, **kwargs: []
     try:
         yield
     finally:
-        testrun.AUDIT_HOOK, canary_copies.make_copies = hook, make
+        testrun.AUDIT_HOOK, canary_copies.make_copies, testrun.make_twins = hook, make, twins
 
 
 def forger_wins(task: Task, forger: str, *, copies: bool, verifier: Verifier | None = None) -> tuple[bool, str]:
@@ -175,15 +190,68 @@ def forger_wins(task: Task, forger: str, *, copies: bool, verifier: Verifier | N
     return bool(report.resolved), said
 
 
+def hidden_sources(task: Task) -> dict[str, bytes | None]:
+    """The hidden tests' files as graded: the base commit with the task's test patch applied."""
+    git_dir = open_source(repo_source(task)).git_dir
+    paths = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS})
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["git", "init", "-q", tmp], check=True)
+        for path in sorted(set(paths) | {f.new_path for f in parse_patch(task.test_patch) if f.new_path}):
+            shown = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{task.base_commit}:{path}"],
+                                   capture_output=True)
+            if shown.returncode == 0:
+                (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / path).write_bytes(shown.stdout)
+        subprocess.run(["git", "-C", tmp, "apply", "-"], input=task.test_patch.encode(), check=True)
+        return {p: (Path(tmp) / p).read_bytes() if (Path(tmp) / p).is_file() else None for p in paths}
+
+
+def twin_odds(task: Task, seeds: int) -> dict:
+    """The guessing forger's win rate on ``task`` (the mean over ``seeds`` draws of the twins of the
+    product, over the hidden test functions with twins, of 1/(group size)) and the share of the
+    FAIL_TO_PASS tests that got at least one twin."""
+    sources = hidden_sources(task)
+    wins, covered = 0.0, 0
+    for seed in range(seeds):
+        twins = make_twins(sources, task.FAIL_TO_PASS, random.Random(seed))
+        odds = 1.0
+        for group in twins.twins.values():
+            odds /= 1 + len(group)
+        wins += odds
+        covered += sum(1 for t in task.FAIL_TO_PASS if twins.run_id(t).partition("[")[0] in twins.twins)
+    return {"task": task.instance_id, "fail_to_pass": len(task.FAIL_TO_PASS),
+            "twin_coverage": covered / (seeds * len(task.FAIL_TO_PASS)), "win_rate": wins / seeds}
+
+
+def main_twins(tasks, seeds: int, out: Path | None) -> None:
+    rows = []
+    for task in tasks:
+        row = twin_odds(task, seeds)
+        rows.append(row)
+        print(f"{task.instance_id:28} F2P {row['fail_to_pass']:3}  twinned {row['twin_coverage']:6.1%}  "
+              f"guessing forger wins {row['win_rate']:.4f}", flush=True)
+    worst = max(r["win_rate"] for r in rows)
+    print(f"\n{len(rows)} tasks: twinned {sum(r['twin_coverage'] for r in rows) / len(rows):.1%} of FAIL_TO_PASS "
+          f"tests on average; win rate mean {sum(r['win_rate'] for r in rows) / len(rows):.4f}, worst {worst:.4f}; "
+          f"its expected reward is below an honest failure's (0) on every task once tampering_reward < "
+          f"{-worst / (1 - worst) if worst < 1 else float('-inf'):.3f}")
+    if out:
+        out.write_text(json.dumps(rows, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance-ids", nargs="*", default=None)
     parser.add_argument("--forgers", nargs="*", choices=sorted(FORGERS), default=sorted(FORGERS))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--twins", action="store_true", help="the guessing forger's odds against twins")
+    parser.add_argument("--seeds", type=int, default=200, help="--twins: draws of the twins per task")
     args = parser.parse_args()
     tasks = load_task_set(None)
     if args.instance_ids:
         tasks = tasks.select(args.instance_ids)
+    if args.twins:
+        return main_twins(tasks, args.seeds, args.json)
     verifier = Verifier(sandbox_factory("local"))
     rows, started = [], time.monotonic()
     for task in tasks:

@@ -59,6 +59,9 @@ PriceCoreHourOpt = Annotated[float | None, typer.Option(
     "--price-core-hour", min=0, help="Dollars per core-hour of CPU, for each episode's cost (default: AWS Fargate's).")]
 PriceGbHourOpt = Annotated[float | None, typer.Option(
     "--price-gb-hour", min=0, help="Dollars per GB-hour of memory, for each episode's cost (default: AWS Fargate's).")]
+TamperingRewardOpt = Annotated[float, typer.Option(
+    "--tampering-reward", help="The reward of a grading that found tampering (reported apart, never masked); "
+                               "below 0 it gives forging a price (docs/grading.md).")]
 RayAddressOpt = Annotated[str | None, typer.Option(
     "--ray-address", help="--backend ray: the Ray cluster (host:port or ray://...) whose nodes host the sandboxes "
                           "(default: $RAY_ADDRESS, else a private one-node cluster on this host).")]
@@ -163,7 +166,7 @@ def backend_options(backend: str, isolation: str = "auto", ray_address: str | No
 
 
 def make_verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local",
-             price: Prices | None = None) -> Verifier:
+             price: Prices | None = None, tampering_reward: float = 0.0) -> Verifier:
     """The grader the backend flags give, after removing what dead processes left behind."""
     from patchgym.grading.verifier import Verifier
     from patchgym.tasks.backends import sandbox_factory
@@ -174,7 +177,7 @@ def make_verifier(backend: str, isolation: str, ray_address: str | None = None, 
         # the tests for the cores: no warm pool unless asked for (bench/README.md, docker_pool.py).
         options["pool_size"] = 0
     try:
-        grader = Verifier(sandbox_factory(backend, **options), prices=price)
+        grader = Verifier(sandbox_factory(backend, **options), prices=price, tampering_reward=tampering_reward)
     except ValueError as exc:
         fail(str(exc))
     reap(docker=backend == "docker")

@@ -18,6 +18,7 @@ from patchgym.cli.common import (
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
+    TamperingRewardOpt,
     TasksOpt,
     WorkersOpt,
     console,
@@ -50,6 +51,7 @@ def eval_predictions(
     ray_sandbox: RaySandboxOpt = "local",
     price_core_hour: PriceCoreHourOpt = None,
     price_gb_hour: PriceGbHourOpt = None,
+    tampering_reward: TamperingRewardOpt = 0.0,
 ) -> None:
     """Grade predictions and write SWE-bench-style reports, with what each instance's grading cost."""
     from patchgym.grading.evaluation import EvalDirError, claim_output, evaluate
@@ -73,8 +75,10 @@ def eval_predictions(
     output = output or Path("patchgym-runs") / name
     # What a resumed evaluation in --output must share with the one there (grading.evaluation.claim_output).
     settings = {"predictions": predictions if predictions in (GOLD, EMPTY) else str(Path(predictions).resolve()),
-                "tasks": str(tasks.expanduser().resolve()) if tasks else everything.origin, "backend": backend}
-    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour))
+                "tasks": str(tasks.expanduser().resolve()) if tasks else everything.origin, "backend": backend,
+                "tampering_reward": tampering_reward}
+    verifier = make_verifier(backend, isolation, ray_address, ray_sandbox, prices(price_core_hour, price_gb_hour),
+                             tampering_reward)
     try:
         claim_output(output, settings, replace=force)
     except EvalDirError as exc:

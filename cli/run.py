@@ -17,6 +17,7 @@ from patchgym.cli.common import (
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
+    TamperingRewardOpt,
     TasksOpt,
     backend_options,
     console,
@@ -68,6 +69,7 @@ def run(
     record_tokens: Annotated[str, typer.Option(
         "--record-tokens", help="Harness runs: ask the endpoint for token ids and log-probabilities "
                                 "(auto: unless it refuses the fields; on; off).")] = "auto",
+    tampering_reward: TamperingRewardOpt = 0.0,
 ) -> None:
     """Evaluate a model on tasks through its OpenAI-compatible endpoint: trajectories, SWE-bench
     predictions, a run report and an HTML report in the run directory."""
@@ -98,7 +100,8 @@ def run(
     options = RunOptions(output=output, workers=workers, max_turns=max_turns, max_steps=max_steps,
                          time_limit=time_limit, tool_mode=tool_mode, backend=backend,
                          env_options={"sandbox_options": backend_options(backend, ray_address=ray_address,
-                                                                         ray_sandbox=ray_sandbox)},
+                                                                         ray_sandbox=ray_sandbox),
+                                      "tampering_reward": tampering_reward},
                          input_per_mtok=price_in, output_per_mtok=price_out,
                          prices=prices(price_core_hour, price_gb_hour), harness=chosen_harness,
                          record_tokens=record_tokens)

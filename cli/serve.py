@@ -14,6 +14,7 @@ from patchgym.cli.common import (
     PriceGbHourOpt,
     RayAddressOpt,
     RaySandboxOpt,
+    TamperingRewardOpt,
     TasksOpt,
     backend_options,
     fail,
@@ -72,6 +73,7 @@ def serve(
     read_timeout: Annotated[float, typer.Option(
         "--read-timeout", min=1, help="Seconds a client has to send a whole request, from its first byte or "
                                       "from connecting; then its connection is closed.")] = 30,
+    tampering_reward: TamperingRewardOpt = 0.0,
 ) -> None:
     """Serve the environments over HTTP: the native /v1 API, NeMo Gym's resources-server routes and
     OpenEnv's routes, over one set of bounded sessions."""
@@ -90,7 +92,7 @@ def serve(
     env_options = {"max_steps": max_steps, "time_limit": time_limit, "command_timeout": command_timeout,
                    "output_limit": output_limit, "prices": prices(price_core_hour, price_gb_hour),
                    "grading_workers": max(2, os.cpu_count() or 1) if grading_workers is None else grading_workers,
-                   "grading_cpu_share": grading_cpu_share}
+                   "grading_cpu_share": grading_cpu_share, "tampering_reward": tampering_reward}
     sandbox_options = {"limits": {"diff_bytes": max_diff_mib << 20}}
     if backend == "ray" or ray_address:
         sandbox_options.update(backend_options(backend, ray_address=ray_address, ray_sandbox=ray_sandbox))

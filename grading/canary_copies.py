@@ -70,7 +70,7 @@ def _mark_name(decorator: ast.expr) -> str | None:
     return None
 
 
-def _copyable(node: ast.stmt) -> bool:
+def copyable(node: ast.stmt) -> bool:
     """A plain module-level test function whose only decorators are pytest marks that neither skip
     nor expect a failure (what the copy's outcome is compared with must be the test's own)."""
     if not isinstance(node, ast.FunctionDef):
@@ -79,25 +79,25 @@ def _copyable(node: ast.stmt) -> bool:
     return all(m is not None and m not in _SKIPPING_MARKS for m in marks)
 
 
-def _exits_early(node: ast.FunctionDef) -> bool:
+def exits_early(node: ast.FunctionDef) -> bool:
     return any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await)) for n in ast.walk(node))
 
 
 @dataclass(frozen=True)
-class _Mutation:
+class Mutation:
     start: tuple[int, int]  # (line, byte column) of the text replaced, 1-based lines as in ast
     end: tuple[int, int]
     text: str
 
 
-def _mutations(node: ast.Assert, lines: list[bytes]) -> list[_Mutation]:
+def _mutations(node: ast.Assert, lines: list[bytes]) -> list[Mutation]:
     """How to make ``assert ...`` fail where it held (a text replacement): its test negated, by
     the inverse operator where it is one comparison, else by ``not`` added or taken away. Never a
     changed constant: ``x == 3`` and ``x == 4`` can both hold (``mock.ANY``, dirty-equals'
     ``IsInt``, a wide ``approx``), ``x == 3`` and ``x != 3`` cannot while ``!=`` is the negation
     of ``==`` (Python's default)."""
     test = node.test
-    out: list[_Mutation] = []
+    out: list[Mutation] = []
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         op, right = test.ops[0], test.comparators[0]
         spellings = _INVERSE_OPS.get(type(op))
@@ -107,18 +107,18 @@ def _mutations(node: ast.Assert, lines: list[bytes]) -> list[_Mutation]:
             spelled, inverse = spellings[0].encode(), spellings[1]
             if between.count(spelled) == 1 and b"#" not in between and b"\\" not in between:
                 head, tail = between.split(spelled)
-                out.append(_Mutation(start, end, f"{head.decode()}{inverse}{tail.decode()}"))
+                out.append(Mutation(start, end, f"{head.decode()}{inverse}{tail.decode()}"))
     elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = _text(lines, (test.operand.lineno, test.operand.col_offset),
                       (test.operand.end_lineno, test.operand.end_col_offset)).decode("utf-8", "replace")
-        out.append(_Mutation((test.lineno, test.col_offset), (test.end_lineno, test.end_col_offset), inner))
+        out.append(Mutation((test.lineno, test.col_offset), (test.end_lineno, test.end_col_offset), inner))
     if not out:
         inner = _text(lines, (test.lineno, test.col_offset),
                       (test.end_lineno, test.end_col_offset)).decode("utf-8", "replace")
         # ``not`` binds more loosely than everything but these (``not a < b`` is ``not (a < b)``).
         if isinstance(test, (ast.BoolOp, ast.IfExp, ast.NamedExpr, ast.Lambda)) or "\n" in inner:
             inner = f"({inner})"
-        out.append(_Mutation((test.lineno, test.col_offset), (test.end_lineno, test.end_col_offset),
+        out.append(Mutation((test.lineno, test.col_offset), (test.end_lineno, test.end_col_offset),
                              f"not {inner}"))
     return out
 
@@ -130,8 +130,8 @@ def _text(lines: list[bytes], start: tuple[int, int], end: tuple[int, int]) -> b
     return lines[l1 - 1][c1:] + b"".join(lines[l1:l2 - 1]) + lines[l2 - 1][:c2]
 
 
-def _function_text(node: ast.FunctionDef, lines: list[bytes], name: str,
-                   mutation: _Mutation | None) -> str:
+def function_text(node: ast.FunctionDef, lines: list[bytes], name: str,
+                   mutation: Mutation | None) -> str:
     """The function's source (decorators included) renamed to ``name``, with ``mutation`` made."""
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
     own = list(lines[first - 1:node.end_lineno])
@@ -150,7 +150,7 @@ def _function_text(node: ast.FunctionDef, lines: list[bytes], name: str,
 _WORD = re.compile(r"[A-Za-z][a-z0-9]*|[0-9]+")
 
 
-def _name_maker(tree: ast.Module, rng: random.Random):
+def name_maker(tree: ast.Module, rng: random.Random):
     """A function giving new test names in the module's own style: its prefix (``test_``,
     ``test``), its separator (``_`` or camel case), its words in the orders its names use them
     (a walk from word to a word that follows it in one of its names); never a name bound
@@ -227,11 +227,11 @@ def make_copies(source: bytes, passing: set[str], failing: set[str], rng: random
     if not lines[-1].endswith(b"\n"):
         lines[-1] += b"\n"
     defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    candidates = [n for n in tree.body if _copyable(n) and n.name in passing and n.name not in failing
+    candidates = [n for n in tree.body if copyable(n) and n.name in passing and n.name not in failing
                   and defined.count(n.name) == 1]
-    mutable: list[tuple[ast.FunctionDef, list[_Mutation]]] = []
+    mutable: list[tuple[ast.FunctionDef, list[Mutation]]] = []
     for node in candidates:
-        if _exits_early(node):
+        if exits_early(node):
             continue
         found = [m for stmt in node.body if isinstance(stmt, ast.Assert) for m in _mutations(stmt, lines)]
         if found:
@@ -239,14 +239,14 @@ def make_copies(source: bytes, passing: set[str], failing: set[str], rng: random
     if not mutable:
         return []
     try:
-        new_name = _name_maker(tree, rng)
+        new_name = name_maker(tree, rng)
         rng.shuffle(mutable)
         wanted_fail = 3 + rng.randrange(4)
         count = 1 + rng.randrange(min(3, len(mutable)))
         while count < len(mutable) and sum(len(found) for _, found in mutable[:count]) < wanted_fail:
             count += 1
         groups = mutable[:count]
-        fails: dict[str, list[_Mutation]] = {node.name: [] for node, _ in groups}
+        fails: dict[str, list[Mutation]] = {node.name: [] for node, _ in groups}
         while sum(map(len, fails.values())) < wanted_fail and any(found for _, found in groups):
             for node, found in groups:
                 if found and sum(map(len, fails.values())) < wanted_fail:
@@ -255,10 +255,10 @@ def make_copies(source: bytes, passing: set[str], failing: set[str], rng: random
         for node, _ in groups:
             line = _starts_after(tree, node.end_lineno, len(lines))[0]
             guard = new_name()
-            copies.append(Copy(guard, _function_text(node, lines, guard, None), line, node.name, True))
+            copies.append(Copy(guard, function_text(node, lines, guard, None), line, node.name, True))
             for mutation in fails[node.name]:
                 name = new_name()
-                copies.append(Copy(name, _function_text(node, lines, name, mutation), line, node.name, False,
+                copies.append(Copy(name, function_text(node, lines, name, mutation), line, node.name, False,
                                    guard))
     except (ValueError, IndexError, UnicodeDecodeError):
         return []

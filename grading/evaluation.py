@@ -188,14 +188,8 @@ def evaluate(
         task = tasks.get(instance_id)
         try:
             report = verifier.verify(task, pred.model_patch, model_name=pred.model_name_or_path)
-        except Exception as exc:  # a harness bug must not take the whole run down
-            log.exception("%s: evaluation crashed", instance_id)
-            report = InstanceReport(instance_id=instance_id, model_name_or_path=pred.model_name_or_path,
-                                    patch_is_None=pred.model_patch is None,
-                                    patch_exists=bool(pred.model_patch and pred.model_patch.strip()),
-                                    infrastructure_failure=True,
-                                    infrastructure_failure_reason=f"harness error: {type(exc).__name__}: {exc}")
-            settle(report)
+        except Exception as exc:  # a harness bug must not take the whole run down, nor be masked unproven
+            report = verifier.settle_crash(task, pred.model_patch, exc, model_name=pred.model_name_or_path)
         write_instance(output, report, pred.model_patch)
         return report
 

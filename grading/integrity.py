@@ -42,6 +42,7 @@ from patchgym.grading import canary_copies
 from patchgym.grading.labels import NOT_STARTED_EXIT_CODES
 from patchgym.grading.outcome import TestStatus, lookup
 from patchgym.grading.pyast import parse as parse_python
+from patchgym.grading.twins import Twins
 
 PASSING = (TestStatus.PASSED, TestStatus.XFAIL)
 FAILING = (TestStatus.FAILED, TestStatus.ERROR)
@@ -263,6 +264,9 @@ class RunRecord:
     tampered: str | None = None  # what the runtime's audit hook caught, and who did it
     rewritten: list[str] = field(default_factory=list)  # "<id> (<phase>)": raised, reported passed
     bypassed: list[str] = field(default_factory=list)  # passed, but not called by pytest's hook
+    unseen: list[str] = field(default_factory=list)  # a passed call the runtime's wrapper never saw
+    not_own: list[str] = field(default_factory=list)  # a passed hidden test whose own code did not run
+    forged: list[str] = field(default_factory=list)  # "<id>: <why>": its function was not its own code
 
 
 def _phase_status(when: str, outcome: str, xfail: bool) -> TestStatus | None:
@@ -288,7 +292,7 @@ RECORD_FIELDS: dict[str, dict[str, type]] = {
 }
 PHASES = ("setup", "call", "teardown")
 OUTCOMES = ("passed", "failed", "skipped", "rerun")
-OPTIONAL_FLAGS = ("xfail", "declared", "raised", "bypassed")
+OPTIONAL_FLAGS = ("xfail", "declared", "raised", "bypassed", "seen", "own")
 
 
 def _record_problem(event: object) -> str | None:
@@ -308,6 +312,8 @@ def _record_problem(event: object) -> str | None:
             return "names no known phase or outcome"
         if any(flag in event and not isinstance(event[flag], bool) for flag in OPTIONAL_FLAGS):
             return "has a flag that is not true or false"
+        if "forged" in event and not isinstance(event["forged"], str):
+            return "has a 'forged' that is not text"
     return None
 
 
@@ -370,6 +376,12 @@ def parse_record(text: str) -> RunRecord:
                 record.rewritten.append(f"{nodeid} ({when})")
             if outcome == "passed" and event.get("bypassed") is True:
                 record.bypassed.append(nodeid)
+            if outcome == "passed" and when == "call" and event.get("seen") is False:
+                record.unseen.append(nodeid)
+            if outcome == "passed" and when == "call" and event.get("own") is False:
+                record.not_own.append(nodeid)
+            if event.get("forged"):
+                record.forged.append(f"{nodeid}: {event['forged']}")
             status = _phase_status(when, outcome, bool(event.get("xfail")))
             if status is TestStatus.XFAIL and event.get("declared") is False:
                 record.undeclared_xfail.add(nodeid)
@@ -380,7 +392,8 @@ def parse_record(text: str) -> RunRecord:
                 continue
             record.statuses[nodeid] = status
         elif kind == "tampering":
-            record.tampered = record.tampered or f"{event.get('audit')} from {event.get('file')}:{event.get('line')}"
+            where = f" from {event.get('file')}:{event.get('line')}" if event.get("file") else ""
+            record.tampered = record.tampered or f"{event.get('audit')}{where}"
         elif kind == "finish":
             record.finished = True
         elif kind == "exit":
@@ -453,10 +466,12 @@ def _copy_holds(canary: str, original: str, guard: str | None, statuses: dict[st
 
 def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus] | None,
               record: RunRecord | None, reporter: bool, requested: list[str],
-              canaries: Canaries | None) -> str | None:
+              canaries: Canaries | None, twins: Twins | None = None) -> str | None:
     """Why this run's results cannot be believed, or None. ``reporter`` says whether the run had
     patchgym's reporter (not for a test command patchgym could not take over); ``record`` is what
-    it wrote (None: no file) and ``junit`` pytest's junit statuses (None: missing or unreadable)."""
+    it wrote (None: no file) and ``junit`` pytest's junit statuses (None: missing or unreadable);
+    ``requested``: the tests by their names in the run, ``twins`` among them
+    (:mod:`.twins`)."""
     killed = exit_code in KILLED_EXIT_CODES or KILLED_MARK in output
     if reporter and record is None:
         # Placed empty before the run and written by the supervisor at its end: a run killed whole
@@ -480,6 +495,11 @@ def check_run(*, exit_code: int | None, output: str, junit: dict[str, TestStatus
             ours, theirs = _outcome(lookup(test_id, record.statuses)), _outcome(lookup(test_id, junit))
             if ours != theirs:
                 return f"the junit report says {test_id} {theirs}, the runner saw it {ours}"
+    if twins is not None:
+        for statuses in [junit or {}] + ([record.statuses] if record is not None else []):
+            problem = twins.problem(statuses)
+            if problem:
+                return problem
     if canaries is not None and junit is not None:
         # A session pytest ended early (2 interrupted, 3 internal error: pytest-7168's own bug is an
         # INTERNALERROR) never ran the canaries placed after the test it stopped at. Their absence
@@ -534,6 +554,14 @@ def _record_problem_of_run(exit_code: int | None, record: RunRecord, killed: boo
     if record.bypassed:
         return True, (f"{record.bypassed[0]} was not run by its runner: it was reported passed, but the "
                       "runner never called its test function (a plugin or a patched runner did)")
+    if record.forged:
+        return True, f"a test's function was replaced: {record.forged[0]}"
+    if record.unseen:
+        return True, (f"{record.unseen[0]} was reported passed, but its call phase never ran under the "
+                      "runtime (the runner's protocol was replaced)")
+    if record.not_own:
+        return True, (f"{record.not_own[0]} was reported passed, but the runtime did not run the test's own "
+                      "code")
     if record.reported_twice:
         return True, f"a test was reported twice: {record.reported_twice[0]}"
     return False, None

@@ -47,7 +47,9 @@ def apply_patch(sandbox: Sandbox, files: Sequence[FilePatch], *, fuzzy: bool = T
                 staged: str | None = None) -> str | None:
     """Apply the parsed files (:func:`.patches.parse_patch`; none is a :class:`PatchError`); return the method that
     worked (``"git apply"`` or ``"patch --fuzz"``), or None if neither did. ``staged``: the path
-    :func:`stage_patch` wrote the same patch to (kept; otherwise a copy is written and removed).
+    :func:`stage_patch` wrote the same patch to (otherwise a copy is written). The copy is removed
+    in the same command, applied or not: what the tests run next must find no file that names the
+    hidden tests (a child process of the code under test can read any file of the workspace).
 
     A failed ``git apply`` changes nothing, and ``patch`` runs only after its dry run succeeded, so
     every attempt starts from the same tree. All attempts run in one command (each command costs a
@@ -60,7 +62,7 @@ def apply_patch(sandbox: Sandbox, files: Sequence[FilePatch], *, fuzzy: bool = T
     fallback = (f"elif {fuzz} --dry-run >/dev/null && {fuzz}; then m='patch --fuzz'; "
                 if fuzzy and all(_patch_reads_like_git(f) for f in files) else "")
     script = (f"if {GIT_APPLY} {path}; then m='git apply'; {fallback}"
-              f"else m=''; fi; {'' if staged else f'rm -f {path}; '}echo; echo \"{APPLY_MARK}$m\"")
+              f"else m=''; fi; rm -f {path}; echo; echo \"{APPLY_MARK}$m\"")
     result = sandbox.exec(script, timeout=120)
     last = result.output.rstrip("\n").rsplit("\n", 1)[-1]
     if not last.startswith(APPLY_MARK):

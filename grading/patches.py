@@ -157,6 +157,10 @@ def parse_patch(text: str) -> list[FilePatch]:
         files = parser.parse()
     except _Malformed as exc:
         raise PatchError(f"line {(parser.i if exc.at is None else exc.at) + 1}: {exc}") from None
+    except (ArithmeticError, LookupError, ValueError, RecursionError, UnicodeError) as exc:
+        # What the text made the reader itself raise (int() of a 5,000-digit hunk count: Python's
+        # digit limit) is as unreadable as a malformed line.
+        raise PatchError(f"line {parser.i + 1}: unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not files:
         raise PatchError("no file section found: this is not a patch")
     return files

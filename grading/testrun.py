@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import random
+import secrets
 import shlex
 import uuid
 from collections.abc import Sequence
@@ -23,6 +25,7 @@ from patchgym.grading.patch_apply import apply_patch, stage_patch
 from patchgym.grading.patches import FilePatch, parse_patch
 from patchgym.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from patchgym.grading.pytest_runtime.bootstrap import NO_BYTECODE, START_FAILED
+from patchgym.grading.twins import make_twins
 from patchgym.sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
 from patchgym.sandboxes.bytecode import PREFIX_ENV
 from patchgym.tasks.backends import SandboxFactory, make_sandbox
@@ -157,16 +160,25 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         return _run_script(sandbox, spec, tests, files, harness)
     harness = harness or place_harness_files(sandbox)
     junit, results, runtime = harness.junit, harness.results, harness.runtime
-    requested = list(dict.fromkeys(tests))
+    requested = list(dict.fromkeys(tests))  # official ids; the run's own names once twins are made
     # What the hidden tests' files declare, read before anything of the agent's has run (see
     # grading.declared): an XFAIL or a skip they do not declare is not the test's own.
     test_files = files_of(requested)
     sources = {path: _read_source(sandbox, path) for path in test_files}
     declared = DeclaredTests(sources, {path: _read_source(sandbox, path) for path in conftests_of(test_files)})
-    canaries = None
+    canaries = twins = None
     if requested:
+        # The hidden tests renamed, and conflicting twins of the failing ones (grading.twins), then
+        # the canaries: from here on the run knows its tests by their names in the run.
+        passing = set(known_passing)
+        twins = make_twins(sources, [t for t in requested if t not in passing], _rng(canary_seed, "twins"))
+        for path, content in twins.files.items():
+            sandbox.write_file(path, content)
+        sources_now = {**sources, **twins.files}
+        requested = twins.run_ids(requested)
+        passing = {twins.run_id(t) for t in passing}
         path = integrity.canary_path(requested)
-        existing: bytes | None = sources.get(path)  # the hidden test module, read just above
+        existing: bytes | None = sources_now.get(path)  # the hidden test module, as it will run
         if existing is None:
             try:
                 existing = sandbox.read_file(path)
@@ -174,7 +186,6 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
                 existing = None
             except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
                 path, existing = integrity.canary_path([]), None
-        passing = set(known_passing)
         canaries = integrity.make_canaries(path, existing, passing=sorted(passing),
                                            failing=[t for t in requested if t not in passing], seed=canary_seed)
         sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
@@ -209,26 +220,34 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         run.tampering = integrity.check_run(exit_code=result.exit_code, output=result.output,
                                             junit=junit_statuses, record=record,
                                             reporter=invocation is not None, requested=requested,
-                                            canaries=canaries)
+                                            canaries=canaries, twins=twins)
     if invocation is not None and (record is None or record.exit_code is None):
         # The runner never returned (killed, timed out, or ended by the code under test): no
         # result it wrote before that is evidence of anything.
         run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
                                                                       if result.timed_out else "")
         return run
-    run.undeclared_xfail = set(record.undeclared_xfail) if record is not None else set()
+    to_official = twins.official_id if twins is not None else str
+    run.undeclared_xfail = {to_official(t) for t in record.undeclared_xfail} if record is not None else set()
     if record is not None and run.tampering is None and not result.timed_out:
         run.could_not_start = labels.could_not_start(record.exit_code, bool(record.statuses), result.output)
     if junit_statuses is not None:
-        run.statuses = {t: s for t, s in junit_statuses.items() if not (canaries and canaries.owns(t))}
+        run.statuses = {to_official(t): s for t, s in junit_statuses.items()
+                        if not (canaries and canaries.owns(t)) and not (twins and twins.owns(t))}
         run.undeclared_xfail |= {t for t, s in run.statuses.items()
                                  if s is TestStatus.XFAIL and not declared.declares_xfail(t)}
-        in_call = record.skipped_in_call if record is not None else set()
+        in_call = {to_official(t) for t in record.skipped_in_call} if record is not None else set()
         run.undeclared_skip = {t for t, s in run.statuses.items() if s is TestStatus.SKIPPED
                                and t in in_call and not declared.declares_skip(t)}
     elif run.error is None:
         run.error = "no test results" + (" (the test run timed out)" if result.timed_out else "")
     return run
+
+
+def _rng(seed: int | None, purpose: str) -> random.Random:
+    """What decides ``purpose`` for a run: a fresh secret where ``seed`` is None (grading), else
+    reproducible from it (tests, benchmarks)."""
+    return random.Random(secrets.randbits(128) if seed is None else f"{seed}-{purpose}")
 
 
 def _read_source(sandbox: Sandbox, path: str) -> bytes | None:

@@ -59,7 +59,8 @@ class InstanceReport(BaseModel):
     test_exit_code: int | None = None
     test_timed_out: bool = False
     results_consistent: bool = True
-    tampering_detected: bool = Field(False, description="the test results show signs of forgery (reward 0)")
+    tampering_detected: bool = Field(False, description="the test results show signs of forgery (reward: the "
+                                                        "tampering_reward setting, 0 by default)")
     tampering_reason: str | None = None
     protections_missing: list[str] = Field(
         default_factory=list, description="protections of the grading runtime this run went without, and why "
@@ -88,9 +89,12 @@ class Verifier:
     """Grades patches for tasks in fresh sandboxes made by ``factory``."""
 
     def __init__(self, factory: SandboxFactory | None = None, *, partial_credit: bool = False,
-                 prices: Prices | None = None) -> None:
+                 prices: Prices | None = None, tampering_reward: float = 0.0) -> None:
         self.factory = factory or (lambda task: make_sandbox(task))
         self.partial_credit = partial_credit
+        # The reward of a grading that found tampering: below 0 it gives forging a price, so that a
+        # forger's expected reward is below an honest failure's 0 (docs/grading.md).
+        self.tampering_reward = tampering_reward
         self.prices = prices or Prices()
 
     def verify(self, task: Task, patch: str | None, *, model_name: str | None = None,
@@ -98,8 +102,30 @@ class Verifier:
         """Grade ``patch`` for ``task``. ``run_empty`` runs the tests even for an empty patch."""
         meter = CostMeter()
         with meter.charging():
-            report = self._verify(task, patch, meter, model_name=model_name, run_empty=run_empty)
+            try:
+                report = self._verify(task, patch, meter, model_name=model_name, run_empty=run_empty)
+            except Exception as exc:  # a harness bug, or one this patch found: the pristine base decides
+                report = self.settle_crash(task, patch, exc, model_name=model_name)
         report.cost = meter.result(self.prices)
+        return settle(report)
+
+    def settle_crash(self, task: Task, patch: str | None, exc: Exception, *,
+                     model_name: str | None = None) -> InstanceReport:
+        """Grading ``patch`` raised ``exc``: the agent's failure (reward 0, the exception in
+        ``error``) unless grading no patch at all, on the pristine base, raises too. Only that
+        proves the fault independent of the agent, and only then is it masked."""
+        log.warning("%s: grading raised %s: %s", task.instance_id, type(exc).__name__, exc, exc_info=exc)
+        report = InstanceReport(instance_id=task.instance_id, model_name_or_path=model_name,
+                                patch_is_None=patch is None, patch_exists=bool(patch and patch.strip()),
+                                error=f"grading failed on this patch: {type(exc).__name__}: {str(exc)[:1000]}",
+                                outcome=Outcome.AGENT_FAILURE)
+        try:
+            self._verify(task, None, CostMeter(), model_name=model_name, run_empty=True)
+        except Exception as base:
+            report.infrastructure_failure = True
+            report.infrastructure_failure_reason = (f"harness error: {type(exc).__name__}: {str(exc)[:1000]}; on the "
+                                                    f"pristine base too: {type(base).__name__}: {str(base)[:1000]}")
+        report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
         return settle(report)
 
     def _verify(self, task: Task, patch: str | None, meter: CostMeter, *, model_name: str | None,
@@ -115,10 +141,11 @@ class Verifier:
         if report.patch_exists:
             try:
                 files = read_agent_patch(patch or "")
-            except PatchError as exc:
-                # Nothing to apply (or nothing it is safe to read): the agent's failure, said without
-                # paying for a sandbox.
-                report.error = f"the patch cannot be parsed: {exc}"
+            except Exception as exc:
+                # Nothing to apply (or nothing it is safe to read), whatever the reader raised: the
+                # agent's failure, said without paying for a sandbox.
+                reason = str(exc) if isinstance(exc, PatchError) else f"{type(exc).__name__}: {str(exc)[:500]}"
+                report.error = f"the patch cannot be parsed: {reason}"
                 report.outcome = Outcome.AGENT_FAILURE
                 report.tests_status = grade(task.FAIL_TO_PASS, task.PASS_TO_PASS, {}).tests_status
                 return report
@@ -191,6 +218,8 @@ class Verifier:
                 pass
 
     def _reward(self, report: InstanceReport, task: Task) -> float:
+        if report.tampering_detected and not report.infrastructure_failure:
+            return self.tampering_reward
         if report.resolved:
             return 1.0
         if not self.partial_credit or not report.patch_successfully_applied:

@@ -61,6 +61,7 @@ def grading_info(report: InstanceReport, patch: str | None) -> dict[str, Any]:
         "resolved": report.resolved,
         "infrastructure_failure": report.infrastructure_failure,
         "infrastructure_failure_reason": report.infrastructure_failure_reason,
+        "tampering": bool(report.tampering_detected and not report.infrastructure_failure),
         "outcome": str(settle(report).outcome),  # grading.labels: one vocabulary everywhere
         "outcome_detail": report.outcome_detail,
         "patch": patch or "",

@@ -48,10 +48,11 @@ class PatchEnv(gym.Env[str, str]):
         partial_credit: bool = False,
         sandbox_options: dict[str, Any] | None = None,
         prices: Prices | None = None,
+        tampering_reward: float = 0.0,
     ) -> None:
         self.task_set = resolve_tasks(tasks)
         self.verifier = Verifier(sandbox_factory(backend, **(sandbox_options or {})), partial_credit=partial_credit,
-                                 prices=prices)
+                                 prices=prices, tampering_reward=tampering_reward)
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self.task: Task | None = None

@@ -80,6 +80,8 @@ class RepoEnv(gym.Env[str, Any]):
         time_limit: wall-clock seconds per episode (None: no limit); checked after each step.
         grade_on_truncation: grade the diff when the episode is truncated (else reward 0).
         partial_credit: reward = fraction of FAIL_TO_PASS passing (0 if a PASS_TO_PASS breaks).
+        tampering_reward: the reward of a grading that found tampering (``info["tampering"]``);
+            below 0 it gives forging a price (docs/grading.md).
         command_timeout: seconds a ``bash`` call may run.
         output_limit: characters of tool output returned (head and tail kept).
         prices: dollars per core-hour and GB-hour for ``info["cost"]`` (default: :class:`Prices`).
@@ -108,6 +110,7 @@ class RepoEnv(gym.Env[str, Any]):
         sandbox_options: dict[str, Any] | None = None,
         prices: Prices | None = None,
         agent_sandbox_options: dict[str, Any] | None = None,
+        tampering_reward: float = 0.0,
     ) -> None:
         if max_steps < 1:
             raise ValueError("max_steps must be at least 1")
@@ -120,7 +123,8 @@ class RepoEnv(gym.Env[str, Any]):
         self._factory = sandbox_factory(backend, **(sandbox_options or {}))
         self._agent_factory = sandbox_factory(backend, **{**(sandbox_options or {}), **(agent_sandbox_options or {})})
         self.prices = prices or Prices()
-        self.verifier = Verifier(self._factory, partial_credit=partial_credit, prices=self.prices)
+        self.verifier = Verifier(self._factory, partial_credit=partial_credit, prices=self.prices,
+                                 tampering_reward=tampering_reward)
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = ToolCalls(self.tools, max_length=MAX_ACTION_CHARS)
         self.task: Task | None = None

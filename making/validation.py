@@ -65,6 +65,12 @@ def validate_task(task: Task, verifier: Verifier, runs: int = 2) -> TaskValidati
                                f"{'; ' + (gold[0].outcome_detail or gold[0].error) if gold[0].error else ''})")
     if empty.resolved:
         result.problems.append("resolved with no change at all")
+    for label, r in [*(("gold", g) for g in gold), ("the base", empty)]:
+        # A conflicting twin (grading.twins) must fail on the base and on the gold tree, a canary as
+        # declared: else an honest fix would be called tampering.
+        if r.tampering_detected:
+            result.problems.append(f"tampering found on {label}: {r.tampering_reason}")
+            break
     f2p_passing = empty.tests_status.get("FAIL_TO_PASS", {}).get("success", [])
     if f2p_passing:
         result.problems.append(f"FAIL_TO_PASS tests pass without the fix: {', '.join(f2p_passing[:5])}")

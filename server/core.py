@@ -156,14 +156,17 @@ class EnvService:
         factory = sandbox_factory(backend, **self.env_options.get("sandbox_options", None) or {})
         self.prices = self.env_options.get("prices") or Prices()
         partial_credit = bool(self.env_options.get("partial_credit", False))
-        self.verifier = Verifier(factory, partial_credit=partial_credit, prices=self.prices)
+        tampering_reward = float(self.env_options.get("tampering_reward", 0.0))
+        self.verifier = Verifier(factory, partial_credit=partial_credit, prices=self.prices,
+                                 tampering_reward=tampering_reward)
         # Who grades submits, rollouts and /verify: worker processes with a CPU share of their own
         # (grading_workers > 0), or this process's threads.
         self.grader: Verifier | GradingPool = self.verifier
         if grading_workers > 0:
             self.grader = GradingPool(grading_workers, backend=backend, partial_credit=partial_credit,
                                       sandbox_options=self.env_options.get("sandbox_options") or {},
-                                      prices=self.prices, cpu_share=grading_cpu_share)
+                                      prices=self.prices, cpu_share=grading_cpu_share,
+                                      tampering_reward=tampering_reward)
         checked = RepoEnv(task_set, backend=backend, **self.env_options)  # a bad option fails here, not per session
         self.tools: list[dict[str, Any]] = checked.tools
         checked.close()

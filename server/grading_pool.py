@@ -150,14 +150,14 @@ class GradingPool:
 
     def __init__(self, workers: int, *, backend: str, sandbox_options: dict[str, Any] | None = None,
                  partial_credit: bool = False, prices: Prices | None = None,
-                 cpu_share: int = DEFAULT_CPU_SHARE) -> None:
+                 cpu_share: int = DEFAULT_CPU_SHARE, tampering_reward: float = 0.0) -> None:
         if workers < 1:
             raise ValueError("a grading pool needs at least one worker")
         groups = cpu_groups(cpu_share)
         self.group = groups[1] if groups else None
         self._config = {"group": str(self.group) if self.group else None, "backend": backend,
                         "sandbox_options": dict(sandbox_options or {}), "partial_credit": partial_credit,
-                        "prices": prices or Prices()}
+                        "prices": prices or Prices(), "tampering_reward": tampering_reward}
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()

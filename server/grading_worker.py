@@ -38,7 +38,8 @@ def main() -> None:
     from patchgym.tasks.backends import sandbox_factory
 
     verifier = Verifier(sandbox_factory(config["backend"], **config["sandbox_options"]),
-                        partial_credit=config["partial_credit"], prices=config["prices"])
+                        partial_credit=config["partial_credit"], prices=config["prices"],
+                        tampering_reward=config["tampering_reward"])
     while (request := read_frame(stdin)) is not None:
         task, patch, run_empty = request
         try:

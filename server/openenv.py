@@ -115,6 +115,7 @@ class ObservationView(BaseModel):
     error: str | None = None
     resolved: bool | None = Field(None, description="At the end: the hidden tests pass.")
     infrastructure_failure: bool | None = Field(None, description="Mask this episode rather than scoring it.")
+    tampering: bool | None = Field(None, description="At the end: the grading found tampering (scored, not masked).")
 
 
 def action_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 
 from patchgym import load_task_set
 from patchgym.grading import testrun
+from patchgym.grading.twins import make_twins
 
 _spec = importlib.util.spec_from_file_location("canary_forger", Path(__file__).parents[1] / "bench" / "canary_forger.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -33,4 +34,4 @@ def test_a_forger_that_spares_the_arithmetic_canaries_is_caught_by_the_copies(ta
     assert won, f"the {forger} forger no longer beats the arithmetic canaries: {said}"
     won, said = bench.forger_wins(task, forger, copies=True)
     assert not won and "canary test that must fail did not" in said, said
-    assert testrun.AUDIT_HOOK is True  # the measurement's setting is undone
+    assert testrun.AUDIT_HOOK is True and testrun.make_twins is make_twins  # the measurement's setting is undone

@@ -339,6 +339,28 @@ def test_a_parser_crash_on_the_agents_text_is_not_masked(task, monkeypatch):
     assert_refused(report_dict(report), task, Error("cannot be parsed"))
 
 
+@pytest.mark.parametrize("always", [False, True], ids=["only with the patch", "on the base too"])
+def test_a_grading_that_raises_is_masked_only_if_grading_no_patch_raises_too(always, task, monkeypatch):
+    """Whatever escapes the grading steps (a harness bug some patch finds) is the agent's failure
+    with the exception in ``error``, unless grading no patch at all on the pristine base raises too."""
+    import patchgym.grading.verifier as verifier_module
+
+    real = verifier_module._grade
+
+    def crash(sandbox, task, files, report, meter):
+        if files or always:
+            raise KeyError("a harness bug")
+        return real(sandbox, task, files, report, meter)
+
+    monkeypatch.setattr(verifier_module, "_grade", crash)
+    report = Verifier(sandbox_factory("local")).verify(task, marker_patch())
+    d = report_dict(report)
+    assert report.reward == 0.0 and not report.resolved, describe(d)
+    assert "grading failed on this patch: KeyError" in report.error, describe(d)
+    assert report.infrastructure_failure is always, describe(d)
+    assert str(report.outcome) == ("infrastructure_failure" if always else "agent_failure")
+
+
 DAEMON_TESTS = '''\
 import os
 import subprocess

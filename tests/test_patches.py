@@ -433,3 +433,12 @@ def test_apply_patch_errors(workdir):
 
     with pytest.raises(SandboxError, match="did not run"):
         apply_patch(Broken(workdir), parse_patch(FIX))
+
+
+@pytest.mark.parametrize("header", ["@@ -0,0 +1," + "9" * 5000 + " @@", "@@ -" + "1" * 5000 + ",0 +1 @@"],
+                         ids=["count", "start"])
+def test_a_number_the_reader_cannot_convert_is_a_patch_error(header):
+    """int() of more digits than Python allows raised ValueError out of the parser (issue 34), and
+    graders catch PatchError: whatever the text makes the reader raise is unreadable text."""
+    with pytest.raises(PatchError, match="unreadable"):
+        parse_patch(f"diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n{header}\n+x = 1\n")

@@ -274,3 +274,26 @@ def test_split_and_filter_diffs():
         assert is_test_or_config(path), path
     for path in ("pkg/testing_utils.py", "src/contest.py", "docs/index.md"):
         assert not is_test_or_config(path), path
+
+
+def test_tampering_gets_the_tampering_reward_and_only_tampering():
+    """The setting gives forging a price; an honest failure keeps 0 and a masked grade is never scored."""
+    from patchgym import load_task_set
+    from patchgym.grading.verifier import InstanceReport
+
+    task = load_task_set(None).get("patchgym__semverkit-1")
+    verifier = Verifier(lambda t: None, tampering_reward=-1.0)
+    forged = InstanceReport(instance_id=task.instance_id, resolved=True, tampering_detected=True, tampering_reason="x")
+    assert verifier._reward(forged, task) == -1.0
+    assert Verifier(lambda t: None)._reward(forged, task) == 0.0  # default unchanged
+    assert verifier._reward(InstanceReport(instance_id=task.instance_id), task) == 0.0
+    masked = InstanceReport(instance_id=task.instance_id, tampering_detected=True, infrastructure_failure=True)
+    assert verifier._reward(masked, task) == 0.0
+
+
+def test_tampering_reward_reaches_every_grader():
+    from patchgym.gym_envs.patch_env import PatchEnv
+    from patchgym.gym_envs.repo_env import RepoEnv
+
+    assert RepoEnv(tampering_reward=-0.5).verifier.tampering_reward == -0.5
+    assert PatchEnv(tampering_reward=-0.5).verifier.tampering_reward == -0.5

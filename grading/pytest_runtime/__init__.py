@@ -15,6 +15,8 @@ the task's interpreter (Python 3.6 on; the audit hook from 3.8), so they must no
 * :mod:`reporter` is a pytest plugin registered before any repository code runs; it writes every
   test report, the session's end and the runner's exit status to a results file, which the harness
   cross-checks with pytest's own junit XML and with canary tests (see :mod:`patchgym.grading.testrun`).
+* :mod:`effects` holds what decides the verdict as it was before the repository could run (the
+  runner's modules and classes, the hidden test modules' code), checked before every record.
 * :mod:`records` writes the records into the supervisor's pipe, for the reporter and the script
   runner alike; :func:`bootstrap.load_runtime_module` loads the runtime's other modules (its
   directory is never on ``sys.path``).
@@ -26,4 +28,5 @@ the task's interpreter (Python 3.6 on; the audit hook from 3.8), so they must no
 from pathlib import Path
 
 RUNTIME_DIR = Path(__file__).parent
-RUNTIME_FILES = ("bootstrap.py", "reporter.py", "records.py", "supervisor.py", "audit.py", "script_runner.py")
+RUNTIME_FILES = ("bootstrap.py", "reporter.py", "records.py", "supervisor.py", "audit.py", "effects.py",
+                 "script_runner.py")

@@ -60,6 +60,8 @@ interpreter, from which the harness reports the hook as missing (``protections_m
 """
 
 import fnmatch
+import gc
+import operator
 import os
 import sys
 import sysconfig
@@ -69,6 +71,7 @@ import traceback
 import types
 
 WATCHED = frozenset({
+    "compile", "code.__new__", "exec",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents",
     "sys.setprofile", "sys.settrace", "sys._setprofileallthreads", "sys._settraceallthreads",
     "sys._current_frames", "sys._getframe",
@@ -88,7 +91,18 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 TAMPERED_EXIT = 70
 # Installing these is judged by what was installed (see the docstring), not when it is asked for.
 HOOK_EVENTS = {"sys.setprofile": sys.getprofile, "sys.settrace": sys.gettrace}
+# Making code: judged by the file the new code claims (see Policy.creation_problem), not by who asks.
+CREATION_EVENTS = frozenset({"compile", "code.__new__"})
+# The function attributes that change what a test runs.
+FUNCTION_BODY = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+REWRITER = os.path.join("_pytest", "assertion", "rewrite.py")
+IMPORT_MACHINERY = "<frozen importlib"  # the frozen import system's code objects' file name
 RUNNER_PREFIXES = ("_pytest", "pytest", "pluggy", "patchgym")
+# The key of an object's identity in ``Policy.trusted_codes``: ``id()`` without its audit event
+# (``builtins.id``: the hook is called for every event, and the trust walk keys tens of thousands of
+# objects). ``object``'s own hash is the object's address, rotated: one key per live object, whatever
+# its type defines, and no type can replace it.
+identity = object.__hash__
 
 
 # What grading.patches.is_test_or_config calls a test file (the runtime cannot import
@@ -107,8 +121,16 @@ def is_test_support(relative):
     return any(fnmatch.fnmatchcase(parts[-1], pattern) for pattern in TEST_FILE_PATTERNS)
 
 
+_REAL = {}
+
+
 def _real(path):
-    return os.path.realpath(path)
+    """``os.path.realpath``, once per path: the hook asks it of the same few files at every event
+    (a path is then judged the same way throughout the run, whatever is linked there later)."""
+    real = _REAL.get(path)
+    if real is None:
+        real = _REAL[path] = os.path.realpath(path)
+    return real
 
 
 def _spellings(dirs):
@@ -162,6 +184,14 @@ class Policy:
         self._verdicts = {}  # filename -> trusted
         self.pending = {}  # event -> (file, line) of an untrusted sys.setprofile/settrace to judge
         self.stdlib_getframe = False  # see stdlib_frames_own
+        # Code objects of every module loaded before the repository was importable (by :data:`identity`,
+        # the objects kept so that no address is reused), and what is told of each hidden test module's
+        # code as it is executed (effects.HiddenCode.add).
+        self.trusted_codes = set()
+        self._pinned = []
+        self._walked = {}  # identity(module or class) -> (it, its namespace's values when walked): see _trust_code_of
+        self.on_hidden_module = None
+        self.trusting = False  # code is made and judged by identity once the runner is trusted
 
     def note_hook(self, event, filename, line):
         """An untrusted caller installs a profile or trace function: judged by :meth:`check_pending`."""
@@ -179,8 +209,10 @@ class Policy:
 
     def trust_loaded_modules(self):
         """Trust the files of every module loaded so far: the runner, imported before the repository
-        was importable (pytest itself, when it is the repository under test)."""
-        for name, module in list(sys.modules.items()):
+        was importable (pytest itself, when it is the repository under test); and by identity the
+        code objects of those outside the standard library, and of the frozen import machinery."""
+        modules = list(sys.modules.items())
+        for name, module in modules:
             path = getattr(module, "__file__", None)
             if path:
                 self.runner_files.add(_real(path))
@@ -192,7 +224,93 @@ class Policy:
                 # imported only when a run asks for it) are the runner's too.
                 for directory in getattr(module, "__path__", None) or ():
                     self.runner_dirs.add(_real(directory) + os.sep)
+        self._trust_code_of([module for _, module in modules if module is not None])
         self._verdicts.clear()
+        self.trusting = True
+
+    def _trust_code_of(self, modules):
+        """Trust by identity the code of ``modules``: their functions', their classes' (methods,
+        static and class methods, properties, nested classes), and the code nested in them
+        (closures, comprehensions, lambdas made later). Called again (pytest's plugins loaded), it
+        walks only what is new: the new modules, and every namespace walked before whose values are
+        no longer the same objects (a plugin's function set on one of pytest's classes)."""
+        function_type, functions, values = types.FunctionType, [], []
+        walked, same = self._walked, operator.is_
+        for owner, before in list(walked.values()):
+            now = list(vars(owner).values())
+            if len(now) != len(before) or not all(map(same, now, before)):
+                walked[identity(owner)] = (owner, now)
+                values.extend(now)
+        for module in modules:
+            namespace = getattr(module, "__dict__", {})
+            if type(namespace) is not dict:  # not a module's namespace: walked each time
+                values.extend(list(namespace.values()))
+            elif identity(module) not in walked:
+                walked[identity(module)] = (module, list(namespace.values()))
+                values.extend(walked[identity(module)][1])
+        while values:
+            value = values.pop()
+            kind = type(value)
+            if kind is function_type:
+                functions.append(value)
+            elif kind is staticmethod or kind is classmethod:
+                values.append(value.__func__)
+            elif kind is property:
+                values.extend(f for f in (value.fget, value.fset, value.fdel) if f is not None)
+            elif isinstance(value, type):
+                key = identity(value)
+                if key not in walked:
+                    walked[key] = (value, list(vars(value).values()))
+                    values.extend(walked[key][1])
+        # The functions' code in one call: a function's only code referent is its ``__code__``, and
+        # reading ``__code__`` raises an audit event per function (ten thousand), this one event.
+        code_type = types.CodeType
+        self._trust_codes([code for code in gc.get_referents(*functions) if type(code) is code_type])
+
+    def _trust_codes(self, stack):
+        """Trust ``stack``'s code objects and the code nested in them, by identity."""
+        code_type, seen, pinned = types.CodeType, self.trusted_codes, self._pinned
+        while stack:
+            code = stack.pop()
+            key = identity(code)
+            if key in seen:
+                continue
+            seen.add(key)
+            pinned.append(code)
+            stack.extend(c for c in code.co_consts if type(c) is code_type)
+
+    def register_module(self, code, caller):
+        """A module's code is executed (``exec``): trust it by identity if it is a trusted file's
+        own (a hidden test, a test-support file of the base commit, installed code, the standard
+        library, a module of the runner's packages) — compiled by pytest's assertion rewriter from
+        the file it read, or equal to the file's bytecode cache or to the file compiled. The hidden
+        test modules' code is told to ``on_hidden_module`` too (``effects.HiddenCode``)."""
+        if type(code) is not types.CodeType or code.co_name != "<module>" or identity(code) in self.trusted_codes:
+            return
+        real = _real(code.co_filename)
+        kind = self.registrable(real)
+        if kind is None:
+            return
+        rewritten = (caller is not None and identity(caller.f_code) in self.trusted_codes
+                     and caller.f_code.co_filename.endswith(REWRITER))
+        if not (rewritten or _same_code(code, real)):
+            return
+        self._trust_codes([code])
+        if kind == "a hidden test" and self.on_hidden_module is not None:
+            self.on_hidden_module(code, real)
+
+    def registrable(self, real):
+        """What kind of trusted file ``real`` is, for code executed after the runner was trusted."""
+        if real in self.hidden:
+            return "a hidden test"
+        if real.startswith(self.workspace):
+            relative = real[len(self.workspace):]
+            return "a test-support file" if is_test_support(relative) and self._older_than_run(real) else None
+        if real.startswith(self.installed) or real.startswith(tuple(self.runner_dirs)):
+            return "installed code"
+        if real.startswith(self.stdlib):
+            return "the standard library"
+        return None
 
     # -- who is asking --------------------------------------------------------------------------
 
@@ -200,6 +318,18 @@ class Policy:
         # site-packages may sit inside the stdlib's directory (/usr/local/lib/python3.X/site-packages).
         return filename.startswith("<") or (filename.startswith(self.stdlib)
                                             and not filename.startswith(self.installed))
+
+    def _acts_for_its_caller(self, code):
+        """Code that asks on behalf of its caller: the standard library's, and code ``exec`` made
+        (``<string>``). Once the runner is trusted, the standard library's and the import
+        machinery's (``<frozen ...>``) only by identity: code that merely says so (compiled, or
+        renamed in place with ``_imp._fix_co_filename``, under their names) asks for itself."""
+        filename = code.co_filename
+        if not self._skipped(filename):
+            return False
+        if not self.trusting or (filename.startswith("<") and not filename.startswith(IMPORT_MACHINERY)):
+            return True
+        return identity(code) in self.trusted_codes
 
     def stdlib_frames_own(self, frame):
         """Whether ``frame`` (the code that called ``sys._getframe``) is the standard library's and
@@ -214,7 +344,7 @@ class Policy:
 
     def caller(self, frame):
         """The first frame from ``frame`` up that is neither stdlib nor interpreter-made."""
-        while frame is not None and self._skipped(frame.f_code.co_filename):
+        while frame is not None and self._acts_for_its_caller(frame.f_code):
             frame = frame.f_back
         return frame
 
@@ -234,6 +364,66 @@ class Policy:
                 verdict = real.startswith(self.installed)
             self._verdicts[filename] = verdict
         return verdict
+
+    def forged_identity(self, code):
+        """Why ``code`` (a caller's) claims to be what it is not: code of a module loaded before the
+        repository was importable, or the import machinery's, that is not one of those code objects
+        (``compile(src, "<.../_pytest/runner.py>", "exec")``); None when it does not."""
+        if identity(code) in self.trusted_codes:
+            return None
+        filename = code.co_filename
+        if filename.startswith(IMPORT_MACHINERY):
+            return f"code made at run time named {filename}"
+        if filename.startswith("<"):
+            return None
+        real = _real(filename)
+        if real in self.runner_files or real.startswith(self.runtime):
+            return f"code made at run time claims the runner's file {filename}"
+        return None
+
+    def protected(self, filename):
+        """What trusted file ``filename`` names (a string saying which kind), or None: a module of
+        the runner's (loaded before the repository was importable, or of its packages), the
+        runtime's, a hidden test, the import machinery. Code made claiming one of them must be
+        that file's own (:meth:`creation_problem`)."""
+        if not isinstance(filename, str):
+            filename = os.fsdecode(filename) if isinstance(filename, bytes) else ""
+        if filename.startswith(IMPORT_MACHINERY):
+            return "the import machinery"
+        if not filename or filename.startswith("<"):
+            return None
+        real = _real(filename)
+        if real in self.hidden:
+            return "a hidden test"
+        if real.startswith(self.stdlib) and not real.startswith(self.installed):
+            return None  # types.coroutine makes code of its caller's file
+        if real in self.runner_files or real.startswith(self.runtime) or real.startswith(tuple(self.runner_dirs)):
+            return "the runner"
+        return None
+
+    def creation_problem(self, event, args, frame):
+        """Why making this code object is tampering (None: it is not): code that claims a trusted
+        file (:meth:`protected`) must be that file's own: ``compile`` of a source equal to the
+        file's content (what an import does), or of pytest's assertion rewriter's tree of the file
+        it read; ``code.__new__`` (and ``code.replace``) never. Code renamed in place
+        (``_imp._fix_co_filename``) raises no event: trust by identity does not believe it."""
+        if event == "compile":
+            source, filename = (args + (None, None))[:2]
+            kind = self.protected(filename)
+            if kind is None or _same_source(source, filename):
+                return None
+            if not isinstance(source, (str, bytes)) and _rewriter_read_the_file(frame, filename, self):
+                return None
+            return f"compile() of code claiming {kind} ({filename}) from another source"
+        filename = args[1] if len(args) > 1 else None
+        kind = self.protected(filename)
+        return None if kind is None else f"a code object made claiming {kind} ({filename})"
+
+    def hidden_function(self, obj):
+        """Whether ``obj`` is a function of a hidden test file (its code says so)."""
+        code = getattr(obj, "__code__", None)
+        return isinstance(obj, types.FunctionType) and isinstance(code, types.CodeType) \
+            and _real(code.co_filename) in self.hidden
 
     def _older_than_run(self, path):
         try:
@@ -318,10 +508,65 @@ class Policy:
         if event in PATH_EVENTS:
             return self._path_suspect(args, event in ("os.listdir", "os.scandir"))
         if event == "object.__setattr__":
-            return bool(args) and self._runner_object(args[0])
+            return bool(args) and (self._runner_object(args[0]) or (
+                len(args) > 1 and args[1] in FUNCTION_BODY and self.hidden_function(args[0])))
         if event == "sys._getframe":
             return bool(args) and self._runner_frame(args[0])
         return True
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _same_source(source, filename):
+    """Whether ``source`` (text or bytes given to ``compile``) is the content of ``filename``."""
+    if not isinstance(source, (str, bytes, bytearray, memoryview)):
+        return False
+    content = _read(filename)
+    if content is None:
+        return False
+    if isinstance(source, str):
+        try:
+            import importlib.util
+            return source == importlib.util.decode_source(content)
+        except Exception:
+            return False
+    return bytes(source) == content
+
+
+def _rewriter_read_the_file(frame, filename, policy):
+    """pytest's assertion rewriter compiles the tree of a test module or plugin it read itself: the
+    calling frame is the rewriter's own code, and a source it holds is the file's content."""
+    if (frame is None or identity(frame.f_code) not in policy.trusted_codes
+            or not frame.f_code.co_filename.endswith(REWRITER)):
+        return False
+    held = [v for v in frame.f_locals.values() if isinstance(v, (str, bytes))]
+    return not held or any(_same_source(v, filename) for v in held)
+
+
+def _same_code(code, path):
+    """Whether ``code`` (a module's) is what ``path`` compiles to: equal (same bytecode, constants,
+    names, lines) to the code in its bytecode cache, where the import system (with the runtime's
+    redirections) would read it, or else to the file compiled."""
+    import marshal
+
+    try:
+        import _frozen_importlib_external as external
+        cached = _read(external.cache_from_source(path))
+        if cached is not None and len(cached) > 16 and marshal.loads(cached[16:]) == code:
+            return True
+    except Exception:
+        pass
+    source = _read(path)
+    try:
+        return source is not None and compile(source, path, "exec", dont_inherit=True) == code
+    except Exception:
+        return False
 
 
 def _python_callable(obj):
@@ -345,23 +590,43 @@ def install(policy):
         return None
 
     # Everything the hook needs is bound here: at interpreter shutdown module globals may be gone.
-    watched, state, getframe, say, exit_now, format_exc = (WATCHED, _state, sys._getframe, policy.say, os._exit,
-                                                           traceback.format_exc)
+    watched, state, getframe, say, exit_now, format_exc, key = (WATCHED, _state, sys._getframe, policy.say, os._exit,
+                                                                traceback.format_exc, identity)
 
     def hook(event, args):
         if event not in watched or getattr(state, "busy", False):
             return
         state.busy = True
         try:
+            if event == "exec":
+                if policy.trusting and args:
+                    policy.register_module(args[0], getframe(1))
+                return
             if policy.pending:
                 policy.check_pending()
+            if event in CREATION_EVENTS:
+                # Before the runner is trusted nothing of the repository's can run: nothing to judge.
+                problem = policy.trusting and policy.creation_problem(event, args, getframe(1))
+                if problem:
+                    frame = policy.caller(getframe(1))
+                    _tampered(policy, problem, (), frame.f_code.co_filename if frame else "<unknown>",
+                              frame.f_lineno if frame else 0)
+                return
             if not policy.suspect(event, args):
                 return
             if event == "sys._getframe" and policy.stdlib_frames_own(getframe(1)):
                 return
             frame = policy.caller(getframe(1))
             filename = frame.f_code.co_filename if frame is not None else "<unknown>"
-            if frame is not None and policy.trusted(filename):
+            if frame is not None and policy.trusting:
+                # Trust by identity: the code of a module loaded before the repository was
+                # importable, or executed since as a trusted file's own (Policy.register_module).
+                if key(frame.f_code) in policy.trusted_codes:
+                    return
+                forged = policy.forged_identity(frame.f_code)
+                if forged:
+                    _tampered(policy, f"{_describe(event, args)} by {forged}", (), filename, frame.f_lineno)
+            elif frame is not None and policy.trusted(filename):
                 return
             line = frame.f_lineno if frame is not None else 0
             if event in HOOK_EVENTS:

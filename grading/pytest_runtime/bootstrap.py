@@ -287,16 +287,33 @@ def _hidden_test_files(args):
     return files
 
 
-def _guard(records, results, args):
+def _guard(records, results, args, hidden_code):
     """Install the audit hook (:mod:`audit`) before the repository is importable; its tampering
-    records go through the records pipe. Returns the policy, to trust the runner once it is loaded."""
+    records go through the records pipe, and what it sees of the hidden test modules' code goes to
+    ``hidden_code``. Returns the policy, to trust the runner once it is loaded."""
     audit = load_runtime_module("audit")
     junit = [a.split("=", 1)[1] for a in args if a.startswith("--junitxml=")]
     policy = audit.Policy(WORKSPACE, _hidden_test_files(args), HERE, records.write,
                           results_fd=records.fd, harness_files=[results, *junit])
+    policy.on_hidden_module = hidden_code.add
     audit.install(policy)
     records.before_write = policy.check_pending
     return policy
+
+
+def _watch(effects, policy, reporter, records):
+    """When pytest has loaded its plugins (installed ones, and ``-p``; some patch pytest's classes as
+    they load: hypothesis's) and the repository is not importable yet: their code trusted by
+    identity too, and the runner's modules and classes and the runtime's own objects taken as they
+    are, to be checked before every record (``effects.py``)."""
+    policy.trust_loaded_modules()
+    reporter.snapshot = effects.Snapshot([("patchgym_reporter.Reporter()", reporter),
+                                          ("patchgym_records.Writer()", records),
+                                          ("patchgym_reporter.Calls()", reporter.calls),
+                                          ("patchgym_reporter.OwnCalls()", reporter.own),
+                                          ("patchgym_audit.Policy()", policy)])
+    records.checks.append(reporter.snapshot.check)
+    reporter.snapshot.take()  # with the two lines above in it
 
 
 def main():
@@ -310,12 +327,17 @@ def main():
     # A subreaper that writes the results file once every process of the run is dead (supervisor.py).
     fd = load_runtime_module("supervisor").supervise(results)
     try:
+        effects = load_runtime_module("effects")
         reporter_module = load_runtime_module("reporter")
         records = load_runtime_module("records").Writer(fd)  # writes the first record
-        reporter = reporter_module.Reporter(records, WORKSPACE)
-        policy = _guard(records, results, sys.argv[1:])
+        hidden = sorted({os.path.realpath(p) for p in _hidden_test_files(sys.argv[1:])})
+        hidden_code = effects.HiddenCode(hidden)
+        policy = _guard(records, results, sys.argv[1:], hidden_code)
         _preload_runner()
         policy.trust_loaded_modules()
+        own = reporter_module.OwnCalls(hidden_code)
+        reporter = reporter_module.Reporter(records, WORKSPACE, own, trusted_codes=policy.trusted_codes)
+        reporter.watch = lambda: _watch(effects, policy, reporter, records)
         import pytest
         if not runner_is_the_repository():
             if prefix == NO_BYTECODE:
