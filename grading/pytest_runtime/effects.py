@@ -52,6 +52,8 @@ VERDICT_PATH = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.
 # session is configured: accepted at the session's start when they are that module's own code (as
 # are an installed plugin's own functions, see _configure_accessor).
 CONFIGURE_ADDS_FROM = os.path.join("_pytest", "legacypath.py")
+# The module(s) that are pytest's public namespace: re-exports, no code of their own.
+PUBLIC_NAMESPACES = frozenset({"pytest", "py.test"})
 RUNTIME_DIR_PART = os.path.basename(os.path.dirname(os.path.abspath(__file__)))
 
 _chain = itertools.chain.from_iterable
@@ -134,15 +136,15 @@ class Snapshot:
                                or not all(map(operator.is_, _chain(map(_values, self.stable)), self.stable_values))))
                 or not all(map(operator.is_, found, self.values))
                 or not all(map(_only_allowed_added, self.volatile))):
-            problem = self._difference(_submodule)
+            problem = self._difference(_submodule, added=_cached_tag)
             if problem is None:  # only what is allowed changed: the new reference
                 self.take()
             return problem
         return self.changed_modules()
 
-    def _difference(self, accept=None):
+    def _difference(self, accept=None, added=None):
         for name, ns, reference, allowed in self.references:
-            problem = _differs(name, ns, reference, allowed, accept)
+            problem = _differs(name, ns, reference, allowed, accept, added)
             if problem:
                 return problem
         return None
@@ -151,7 +153,8 @@ class Snapshot:
         """At the session's start, once: what pytest's own configuration added to its classes (the
         accessors of :data:`CONFIGURE_ADDS_FROM`, whose code ``trusted_codes`` knows) becomes part
         of the reference; any other difference is returned, as :meth:`changed` names it."""
-        problem = (self._difference(lambda value: _submodule(value) or _configure_accessor(value, trusted_codes))
+        problem = (self._difference(lambda value: _submodule(value) or _configure_accessor(value, trusted_codes),
+                                    added=_configure_addition)
                    or self.changed_modules())
         if problem is None:
             for name, ns, reference, _ in self.references:
@@ -177,9 +180,9 @@ def _only_allowed_added(volatile):
     return len(ns) == len(keys) + sum(map(ns.__contains__, allowed))
 
 
-def _differs(name, ns, reference, allowed, accept=None):
-    """The first difference of ``ns`` from ``reference`` but in ``allowed`` keys or to a new value
-    ``accept`` takes."""
+def _differs(name, ns, reference, allowed, accept=None, added=None):
+    """The first difference of ``ns`` from ``reference`` but in ``allowed`` keys, to a new value
+    ``accept`` takes, or a key ``added(name, key, value)`` lets the owner gain."""
     for key, value in reference.items():
         if key in allowed:
             continue
@@ -188,7 +191,8 @@ def _differs(name, ns, reference, allowed, accept=None):
         if ns[key] is not value and not (accept and accept(ns[key])):
             return f"{name}.{key} was replaced"
     for key in list(ns):
-        if key not in reference and key not in allowed and not (accept and accept(ns[key])):
+        if (key not in reference and key not in allowed and not (accept and accept(ns[key]))
+                and not (added and added(name, key, ns[key]))):
             return f"{name}.{key} was added"
     return None
 
@@ -196,6 +200,29 @@ def _differs(name, ns, reference, allowed, accept=None):
 def _submodule(value):
     """A module of the runner's, bound in its package's namespace when first imported (pytester)."""
     return isinstance(value, types.ModuleType) and _runner_module(getattr(value, "__name__", ""))
+
+
+def _configure_addition(owner, key, value):
+    return _public_namespace_addition(owner, key) or _cached_tag(owner, key, value)
+
+
+def _cached_tag(owner, key, value):
+    """An XML tag class ``py.xml``'s namespaces make on first use and cache on themselves (pytest
+    3.x's ``Junit.testcase``): a plain subclass of py.xml's ``Tag`` named as the key, with no code
+    (at most its ``xmlname``, the key). The same class a forger could add does nothing else."""
+    tag = getattr(sys.modules.get("py._xmlgen"), "Tag", None)  # py._xmlgen is itself in the snapshot
+    own = vars(value).keys() - {"__module__", "__doc__", "__dict__", "__weakref__"} if isinstance(value, type) else {""}
+    return (tag is not None and type(value) is type and value.__bases__ == (tag,) and value.__name__ == key
+            and own <= {"xmlname"} and vars(value).get("xmlname", key) == key)
+
+
+def _public_namespace_addition(owner, key):
+    """A name pytest's configuration adds to the ``pytest`` module itself (and its alias ``py.test``):
+    pytest 3.x puts ``config``, ``ensuretemp`` and its plugins' ``pytest_namespace`` there. That
+    module re-exports and runs no code of its own, so a name added to it is looked up by nobody but
+    the code under test; a name it had that is replaced, or a dunder (``__getattr__``), is still
+    a difference. Modules with code are not so: a name added there shadows a builtin."""
+    return owner in PUBLIC_NAMESPACES and not (key.startswith("__") and key.endswith("__"))
 
 
 def _configure_accessor(value, trusted_codes):
