@@ -1316,20 +1316,20 @@ def test_repo_env_control_gold_fix_resolves(task, backend):
 # A skip the test does not declare: with the gold fix in place, the package skips every test but the
 # FAIL_TO_PASS ones from inside their call (what a patch that breaks PASS_TO_PASS tests would do to
 # hide it). SWE-bench keeps a skipped PASS_TO_PASS test; a skip from the code under test is not kept.
-def _skip_all_but(keep: list[str]) -> str:
-    names = sorted({t.split("::")[-1] for t in keep})
+def _skip_these(ids: list[str]) -> str:
+    """Skip the tests ``ids`` (PASS_TO_PASS: not renamed for the run, unlike FAIL_TO_PASS) as they run."""
     return P_XFAIL_FROM_SOURCE.replace(
         '''            if during_call():
                 import pytest
                 pytest.xfail("known upstream issue")''',
         f'''            current = os.environ.get("PYTEST_CURRENT_TEST", "")
-            if during_call() and current.split(" ")[0].split("::")[-1] not in {names!r}:
+            if during_call() and current.rsplit(" ", 1)[0] in {sorted(ids)!r}:
                 import pytest
-                pytest.skip("needs network")''').replace("_pg_xfail_everything", "_pg_skip_others")
+                pytest.skip("needs network")''').replace("_pg_xfail_everything", "_pg_skip_these")
 
 
 def test_gold_with_pass_to_pass_tests_skipped_at_run_time_does_not_resolve(task, repo):
-    build = gold_plus(in_package(_skip_all_but(task.FAIL_TO_PASS)))
+    build = gold_plus(in_package(_skip_these(task.PASS_TO_PASS)))
     report = Verifier(sandbox_factory("local")).verify(task, build(task, repo))
     d = report_dict(report)
     assert "SKIPPED" in report.test_output or " skipped" in report.test_output, describe(d, report.test_output)
