@@ -1,0 +1,80 @@
+"""What the runtime's snapshot of the runner (grading/pytest_runtime/effects.py) lets change, and what not.
+
+Old pytests add to their own namespaces while they run: pytest 3.x's configuration puts ``config``,
+``ensuretemp`` and its plugins' ``pytest_namespace`` into the ``pytest`` module, and py.xml caches
+the tag classes it makes (``Junit.testcase``) on its namespace classes. Gold under pytest 3.3 was
+called tampering for both. What is accepted must stay exactly that: a name added to a module that
+runs code shadows a builtin there, a dunder on ``pytest`` (``__getattr__``) answers every lookup, and
+a "tag" with code of its own is not a tag. Checked in a child Python (the snapshot watches the
+``_pytest`` modules this test session itself runs on).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from patchgym.grading import pytest_runtime
+
+SCRIPT = textwrap.dedent('''
+    import json, sys, types
+    sys.path.insert(0, sys.argv[1])
+    import pytest, _pytest.runner
+    xmlgen = types.ModuleType("py._xmlgen")
+    class Tag(list):
+        pass
+    class Namespace:
+        pass
+    Tag.__module__ = Namespace.__module__ = "py._xmlgen"
+    xmlgen.Tag, xmlgen.Namespace = Tag, Namespace
+    sys.modules["py._xmlgen"] = xmlgen
+    import effects
+    out = {}
+
+    def at_start(change, undo):
+        snapshot = effects.Snapshot()
+        change()
+        out_ = snapshot.rebase(set())
+        undo()
+        return out_
+
+    def while_running(change, undo):
+        snapshot = effects.Snapshot()
+        change()
+        out_ = snapshot.changed()
+        undo()
+        return out_
+
+    def setter(ns, key, value):
+        return (lambda: ns.__setitem__(key, value)) if isinstance(ns, dict) else (lambda: setattr(ns, key, value))
+
+    def unsetter(ns, key):
+        return (lambda: ns.pop(key)) if isinstance(ns, dict) else (lambda: delattr(ns, key))
+
+    ns = vars(_pytest.runner)
+    out["name added to pytest"] = at_start(setter(pytest, "ensuretemp", object()), unsetter(pytest, "ensuretemp"))
+    out["dunder added to pytest"] = at_start(setter(pytest, "__getattr__", lambda n: None), unsetter(pytest, "__getattr__"))
+    out["builtin shadowed in _pytest.runner"] = at_start(setter(ns, "isinstance", lambda *a: True), unsetter(ns, "isinstance"))
+    plain = type("testcase", (Tag,), {})
+    with_code = type("failure", (Tag,), {"__init__": lambda self, *a, **k: None})
+    renamed = type("testcase", (Tag,), {})
+    out["tag cached"] = while_running(setter(Namespace, "testcase", plain), unsetter(Namespace, "testcase"))
+    out["tag with code"] = while_running(setter(Namespace, "failure", with_code), unsetter(Namespace, "failure"))
+    out["tag under another name"] = while_running(setter(Namespace, "failure", renamed), unsetter(Namespace, "failure"))
+    print(json.dumps(out))
+''')
+
+
+def test_what_old_pytests_add_is_accepted_and_nothing_like_it():
+    runtime = pytest_runtime.__path__[0]
+    done = subprocess.run([sys.executable, "-c", SCRIPT, runtime], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["name added to pytest"] is None
+    assert found["tag cached"] is None
+    assert found["dunder added to pytest"] == "pytest.__getattr__ was added"
+    assert found["builtin shadowed in _pytest.runner"] == "_pytest.runner.isinstance was added"
+    assert found["tag with code"] == "py._xmlgen.Namespace.failure was added"
+    assert found["tag under another name"] == "py._xmlgen.Namespace.failure was added"
