@@ -3,7 +3,8 @@
 Old pytests add to their own namespaces while they run: pytest 3.x's configuration puts ``config``,
 ``ensuretemp`` and its plugins' ``pytest_namespace`` into the ``pytest`` module, and py.xml caches
 the tag classes it makes (``Junit.testcase``) on its namespace classes. Gold under pytest 3.3 was
-called tampering for both. What is accepted must stay exactly that: a name added to a module that
+called tampering for both; so was a SWE-bench row whose run made pytest's ``python.py`` warn
+(Python keeps a ``__warningregistry__`` in the module that warned). What is accepted must stay exactly that: a name added to a module that
 runs code shadows a builtin there, a dunder on ``pytest`` (``__getattr__``) answers every lookup, and
 a "tag" with code of its own is not a tag. Checked in a child Python (the snapshot watches the
 ``_pytest`` modules this test session itself runs on).
@@ -21,7 +22,7 @@ from patchgym.grading import pytest_runtime
 SCRIPT = textwrap.dedent('''
     import json, sys, types
     sys.path.insert(0, sys.argv[1])
-    import pytest, _pytest.runner
+    import pytest, _pytest.python, _pytest.runner
     xmlgen = types.ModuleType("py._xmlgen")
     class Tag(list):
         pass
@@ -63,6 +64,9 @@ SCRIPT = textwrap.dedent('''
     out["tag cached"] = while_running(setter(Namespace, "testcase", plain), unsetter(Namespace, "testcase"))
     out["tag with code"] = while_running(setter(Namespace, "failure", with_code), unsetter(Namespace, "failure"))
     out["tag under another name"] = while_running(setter(Namespace, "failure", renamed), unsetter(Namespace, "failure"))
+    python_ns = vars(_pytest.python)
+    out["warning registry"] = while_running(setter(python_ns, "__warningregistry__", {"version": 0}),
+                                            unsetter(python_ns, "__warningregistry__"))
     print(json.dumps(out))
 ''')
 
@@ -74,6 +78,7 @@ def test_what_old_pytests_add_is_accepted_and_nothing_like_it():
     found = json.loads(done.stdout)
     assert found["name added to pytest"] is None
     assert found["tag cached"] is None
+    assert found["warning registry"] is None  # Python's own, where a module warned (SWE-bench's seaborn-2848)
     assert found["dunder added to pytest"] == "pytest.__getattr__ was added"
     assert found["builtin shadowed in _pytest.runner"] == "_pytest.runner.isinstance was added"
     assert found["tag with code"] == "py._xmlgen.Namespace.failure was added"

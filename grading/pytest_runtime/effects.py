@@ -36,12 +36,15 @@ VOLATILE = {
     "_pytest.debugging.pytestPDB": frozenset({"_config", "_pluginmanager", "_recursive_debug",
                                               "_wrapped_pdb_cls", "_saved"}),
 }
-# ... and what Python itself changes on a class: before 3.7, abc's caches are class attributes of each
-# ABC (and typing's of each generic), set anew as isinstance() and issubclass() run (gold on Python
-# 3.6 was called tampering for _abc_generic_negative_cache).
-VOLATILE_ANYWHERE = frozenset({"_pytest_diamond_inheritance_warning_shown", "_abc_registry", "_abc_cache",
-                               "_abc_negative_cache", "_abc_negative_cache_version", "_abc_generic_negative_cache",
-                               "_abc_generic_negative_cache_version"})
+# ... and what Python itself changes on a class or module: before 3.7, abc's caches are class attributes
+# of each ABC (and typing's of each generic), set anew as isinstance() and issubclass() run (gold on
+# Python 3.6 was called tampering for _abc_generic_negative_cache); the warnings module keeps which
+# warnings a module already showed in its __warningregistry__ (SWE-bench's seaborn-2848: pytest's
+# python.py warned). A registry only silences a repeated warning: no more than the code under test
+# may do anyway with warnings.filterwarnings, which the runtime does not watch.
+VOLATILE_ANYWHERE = frozenset({"__warningregistry__", "_pytest_diamond_inheritance_warning_shown",
+                               "_abc_registry", "_abc_cache", "_abc_negative_cache", "_abc_negative_cache_version",
+                               "_abc_generic_negative_cache", "_abc_generic_negative_cache_version"})
 # The modules on the way from a test's call to its record (running it, reporting it, writing junit,
 # calling hooks, the runtime): checked before each test's call is recorded; the rest before the
 # session's own records (a third of the cost).
