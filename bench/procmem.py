@@ -78,11 +78,9 @@ def shims() -> dict[str, int]:
 
 
 def shim_of(container_id: str) -> int:
-    for pid in pids_named("containerd-shim"):
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            if container_id.encode() in fh.read():
-                return pid
-    raise RuntimeError(f"no containerd-shim for {container_id[:12]}")
+    if (pid := shims().get(container_id)) is None:
+        raise RuntimeError(f"no containerd-shim for {container_id[:12]}")
+    return pid
 
 
 def cgroup_memory(container_id: str) -> int:

@@ -56,7 +56,7 @@ from pathlib import Path
 from patchgym.grading.verifier import Verifier  # noqa: E402
 from patchgym.tasks.backends import make_sandbox, sandbox_factory  # noqa: E402
 from patchgym.tasks.catalog import load_task_set  # noqa: E402
-from tests.ray_cluster.helpers import build_environments, interfaces  # noqa: E402
+from patchgym.tests.ray_cluster.helpers import build_environments, interfaces  # noqa: E402
 
 CGROUPS = Path("/sys/fs/cgroup")
 TICK = os.sysconf("SC_CLK_TCK")
