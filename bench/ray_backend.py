@@ -297,7 +297,12 @@ def rerun_without_network() -> int | None:
     build_environments()
     inner = f"ip link set lo up && exec {shlex.join([sys.executable, *sys.argv])}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run(["unshare", "--net", "sh", "-c", inner], env=env).returncode
+    child = subprocess.Popen(["unshare", "--net", "sh", "-c", inner], env=env)
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # the child had the same Ctrl-C and is stopping its cluster: let it
+            continue
 
 
 def main() -> int:
