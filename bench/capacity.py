@@ -237,7 +237,10 @@ def climb(backend: str, args: argparse.Namespace, result: dict[str, Any], save: 
     finally:
         leftover = left_behind(backend, owners)
         result["left_after_shutdown"] = leftover
-        log(f"{backend}: left after shutdown: {leftover or 'nothing'}")
+        alive = sorted(pid for pid in owners if Path(f"/proc/{pid}").exists())
+        log(f"{backend}: left after shutdown: {leftover or 'nothing'}" + (
+            "" if not leftover else f"; owners still running: {alive}" if alive else
+            "; their owners are gone: the next sandbox start's reaper removes them"))
     held = [lv["sessions"] for lv in result["levels"] if not lv.get("failure")]
     failed = next((lv for lv in result["levels"] if lv.get("failure")), None)
     result["verdict"] = {"largest_holding": max(held, default=0), "complete": True,
