@@ -127,18 +127,21 @@ def docker_containers(owners: set[int]) -> list[Any]:
     """patchgym's sandbox containers started by one of ``owners`` (their owner label's pid)."""
     from patchgym.sandboxes.docker.client import KIND_LABEL, MANAGED_LABEL, OWNER_LABEL, docker_client
 
-    host = os.uname().nodename
+    ours = {f"{os.uname().nodename}:{pid}" for pid in owners}
     listed = docker_client().containers.list(
         all=True, filters={"label": [f"{MANAGED_LABEL}=1", f"{KIND_LABEL}=sandbox"]}, ignore_removed=True)
-    return [c for c in listed if (c.labels.get(OWNER_LABEL) or "").partition(":")[0] == host
-            and (c.labels.get(OWNER_LABEL) or "").rpartition(":")[2] in {str(p) for p in owners}]
+    return [c for c in listed if c.labels.get(OWNER_LABEL) in ours]
 
 
 def docker_probe(table: dict[int, tuple[int, int, float]]) -> tuple[int, int]:
     """(live sandboxes, bytes): each container's memory cgroup plus its shim's private memory."""
+    try:
+        containers = docker_containers(descendants(os.getpid(), table))
+    except Exception:  # the engine did not answer this time: no sample, rather than a dead sampler thread
+        return 0, 0
     shim = shims()
     live = held = 0
-    for container in docker_containers(descendants(os.getpid(), table)):
+    for container in containers:
         with contextlib.suppress(OSError, RuntimeError, KeyError):
             held += cgroup_memory(container.id) + (uss(shim[container.id]) if container.id in shim else 0)
             live += 1
