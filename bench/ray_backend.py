@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -55,7 +56,7 @@ from pathlib import Path
 from patchgym.grading.verifier import Verifier  # noqa: E402
 from patchgym.tasks.backends import make_sandbox, sandbox_factory  # noqa: E402
 from patchgym.tasks.catalog import load_task_set  # noqa: E402
-from tests.ray_cluster.helpers import build_environments, interfaces  # noqa: E402
+from patchgym.tests.ray_cluster.helpers import build_environments, interfaces  # noqa: E402
 
 CGROUPS = Path("/sys/fs/cgroup")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -189,10 +190,10 @@ def episodes(factory, count: int, workers: int, groups: BenchCgroups) -> dict:
 
 
 @contextlib.contextmanager
-def cluster(nodes: int, slots: int, groups: BenchCgroups | None = None, node_cpus: float = 0.0) -> Iterator[None]:
+def cluster(nodes: int, slots: int, groups: BenchCgroups | None = None, node_cpus: float = 0.0) -> Iterator[str]:
     """A Ray cluster on 127.0.0.1 with ``slots`` sandbox slots on each of ``nodes`` nodes: the head is
     the first node, or, with ``groups``, a node of its own without slots, and each sandbox node runs
-    in a cgroup of ``node_cpus`` cores."""
+    in a cgroup of ``node_cpus`` cores. Yields its address (this process is connected to it)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -206,7 +207,7 @@ def cluster(nodes: int, slots: int, groups: BenchCgroups | None = None, node_cpu
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False)
         try:
-            yield
+            yield c.address
         finally:
             ray.shutdown()
     finally:
@@ -287,6 +288,23 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def rerun_without_network() -> int | None:
+    """Outside a loopback-only network namespace: build the bundled environments (they need the
+    network), re-run this command line under ``unshare --net`` and return its exit code. Inside: None.
+    (Ray's daemons listen on every interface; there, nothing they open is reachable from outside.)"""
+    if interfaces() == ["lo"]:
+        return None
+    build_environments()
+    inner = f"ip link set lo up && exec {shlex.join([sys.executable, *sys.argv])}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    child = subprocess.Popen(["unshare", "--net", "sh", "-c", inner], env=env)
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # the child had the same Ctrl-C and is stopping its cluster: let it
+            continue
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
@@ -299,11 +317,8 @@ def main() -> int:
     parser.add_argument("--slots-per-node", type=int, default=2, help="--scaling: sandbox slots per node")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if interfaces() != ["lo"]:
-        build_environments()
-        inner = f"ip link set lo up && exec {sys.executable} {' '.join(map(str, sys.argv))}"
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        return subprocess.run(["unshare", "--net", "sh", "-c", inner], env=env).returncode
+    if (code := rerun_without_network()) is not None:
+        return code
     groups = BenchCgroups()
     try:
         runs = []

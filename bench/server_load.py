@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,17 +164,22 @@ def proc_table() -> dict[int, tuple[int, int, float]]:
     return table
 
 
-def tree_rss(root: int, table: dict[int, tuple[int, int, float]]) -> int:
+def descendants(root: int, table: dict[int, tuple[int, int, float]]) -> set[int]:
+    """``root`` and every live process below it in ``table``."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
+    found, todo = set(), [root]
     while todo:
         pid = todo.pop()
-        if pid in table:
-            total += table[pid][1]
+        if pid in table and pid not in found:
+            found.add(pid)
             todo.extend(children.get(pid, ()))
-    return total
+    return found
+
+
+def tree_rss(root: int, table: dict[int, tuple[int, int, float]]) -> int:
+    return sum(table[pid][1] for pid in descendants(root, table))
 
 
 def process_cpu(pid: int) -> float:
@@ -215,19 +220,31 @@ def status_kb(pid: int, key: str) -> int | None:
     return None
 
 
-class MemorySampler:
-    """Peak summed RSS of a process tree and the lowest MemAvailable, sampled in a thread."""
+Probe = Callable[[dict[int, tuple[int, int, float]]], tuple[int, int]]  # proc table -> (live sandboxes, bytes)
 
-    def __init__(self, root: int, interval: float) -> None:
-        self.root, self.interval = root, interval
+
+class MemorySampler:
+    """Peak summed RSS of a process tree and the lowest MemAvailable, sampled in a thread; with a
+    ``probe``, also the memory the live sandboxes hold (bench/capacity.py: cgroups or containers)."""
+
+    def __init__(self, root: int, interval: float, probe: Probe | None = None) -> None:
+        self.root, self.interval, self.probe = root, interval, probe
         self.peak_rss = 0
+        self.peak_live = 0
+        self.per_sandbox: list[float] = []
         self.baseline = self.lowest = mem_available()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mem-sampler", daemon=True)
 
     def _sample(self) -> None:
-        self.peak_rss = max(self.peak_rss, tree_rss(self.root, proc_table()))
+        table = proc_table()
+        self.peak_rss = max(self.peak_rss, tree_rss(self.root, table))
         self.lowest = min(self.lowest, mem_available())
+        if self.probe is not None:
+            live, held = self.probe(table)
+            self.peak_live = max(self.peak_live, live)
+            if live:
+                self.per_sandbox.append(held / live)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -245,9 +262,14 @@ class MemorySampler:
 
     def figures(self) -> dict[str, float]:
         mib = 1 << 20
-        return {"peak_tree_rss_mib": round(self.peak_rss / mib, 1),
-                "min_mem_available_mib": round(self.lowest / mib, 1),
-                "mem_available_drop_mib": round((self.baseline - self.lowest) / mib, 1)}
+        out = {"peak_tree_rss_mib": round(self.peak_rss / mib, 1),
+               "min_mem_available_mib": round(self.lowest / mib, 1),
+               "mem_available_drop_mib": round((self.baseline - self.lowest) / mib, 1)}
+        if self.probe is not None:
+            out["peak_live_sandboxes"] = self.peak_live
+            if self.per_sandbox:  # the median over samples of (memory held / sandboxes live)
+                out["sandbox_mib"] = round(statistics.median(self.per_sandbox) / mib, 2)
+        return out
 
 
 def leftovers(owner: int) -> dict[str, list[str]]:
@@ -283,12 +305,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(max_sessions: int, tasks: str | None, log_path: Path,
-                   grading_workers: int | None = None) -> Iterator[tuple[str, int]]:
+def server_process(max_sessions: int, tasks: str | None, log_path: Path, grading_workers: int | None = None,
+                   backend: str = "local", extra: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
     """``patchgym serve`` in its own process group; yields (url, pid); SIGTERM then SIGKILL on exit."""
     port = free_port()
     cmd = [sys.executable, "-m", "patchgym.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--max-sessions", str(max_sessions)]
+           "--max-sessions", str(max_sessions), "--backend", backend, *extra]
     if grading_workers is not None:
         cmd += ["--grading-workers", str(grading_workers)]
     if tasks:
@@ -340,7 +362,8 @@ def tail(path: Path, lines: int = 40) -> str:
 
 
 async def remote_episode(client: httpx.AsyncClient, index: int, task_id: str, steps: int, think: float,
-                         submit: bool = True) -> Episode:
+                         submit: bool = True, gold: str | None = None) -> Episode:
+    """One session; with ``gold`` (a patch), its first step applies it and the submit must earn 1.0."""
     ep = Episode()
 
     async def call(phase: str, method: str, path: str, body: Any = None, ok: int = 200) -> Any:
@@ -367,6 +390,11 @@ async def remote_episode(client: httpx.AsyncClient, index: int, task_id: str, st
         ep.errors["create:infrastructure_failure"] += 1
     session = f"/v1/sessions/{body['session_id']}"
     try:
+        if gold is not None:
+            result = await call("step", "POST", f"{session}/step", {"action": bash(apply_command(gold))})
+            if result is None:
+                return ep
+            check_step(ep, result["info"], result["terminated"], result["truncated"])
         for k in range(steps):
             if think:
                 await asyncio.sleep(think)
@@ -378,9 +406,16 @@ async def remote_episode(client: httpx.AsyncClient, index: int, task_id: str, st
         result = await call("submit", "POST", f"{session}/step", {"action": SUBMIT}) if submit else None
         if result is not None:
             check_submit(ep, result["info"], result["terminated"])
+            if gold is not None and not result["info"].get("infrastructure_failure") and result.get("reward") != 1.0:
+                ep.errors["submit:gold_not_rewarded"] += 1
     finally:
         await call("delete", "DELETE", session, ok=204)
     return ep
+
+
+def apply_command(patch: str) -> str:
+    """A bash command that applies ``patch`` in the workspace (a quoted here-document)."""
+    return f"git apply --whitespace=nowarn <<'PATCHGYM_GOLD_EOF'\n{patch.rstrip(chr(10))}\nPATCHGYM_GOLD_EOF"
 
 
 def check_step(ep: Episode, info: dict[str, Any], terminated: bool, truncated: bool) -> None:
@@ -400,26 +435,34 @@ def check_submit(ep: Episode, info: dict[str, Any], terminated: bool) -> None:
 
 
 async def remote_sessions(url: str, task_ids: list[str], n: int, steps: int, think: float,
-                          timeout: float, submit: bool = True) -> tuple[list[Episode], float]:
-    """N sessions at once, each with its own connection, as N rollout workers would have. (One
-    pooled httpx client for all of them cost twice the client CPU, which on 2 cores shows up in the
-    latencies measured.)"""
+                          timeout: float, submit: bool = True, episodes: int = 1,
+                          golds: dict[str, str] | None = None) -> tuple[list[Episode], float]:
+    """N workers at once, each with its own connection, as N rollout workers would have, each running
+    ``episodes`` sessions back to back (``golds``: task id -> the patch its sessions apply first).
+    (One pooled httpx client for all of them cost twice the client CPU, which on 2 cores shows up in
+    the latencies measured.)"""
 
-    async def one(i: int) -> Episode:
+    async def one(i: int) -> list[Episode]:
         async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout, connect=30.0)) as client:
-            return await remote_episode(client, i, task_ids[i % len(task_ids)], steps, think, submit)
+            done = []
+            for j in range(episodes):
+                task_id = task_ids[(i + j * n) % len(task_ids)]
+                done.append(await remote_episode(client, i + j * n, task_id, steps, think, submit,
+                                                 (golds or {}).get(task_id)))
+            return done
 
     start = time.perf_counter()
-    episodes = await asyncio.gather(*(one(i) for i in range(n)))
-    return list(episodes), time.perf_counter() - start
+    per_worker = await asyncio.gather(*(one(i) for i in range(n)))
+    return [ep for worker in per_worker for ep in worker], time.perf_counter() - start
 
 
 def run_remote(url: str, server_pid: int, task_ids: list[str], n: int, args: argparse.Namespace,
-               submit: bool = True) -> Run:
+               submit: bool = True, probe: Probe | None = None, episodes_per_worker: int = 1,
+               golds: dict[str, str] | None = None) -> Run:
     server_cpu, client_cpu, busy = process_cpu(server_pid), cpu_self(), machine_busy()
-    with MemorySampler(server_pid, args.sample_interval) as mem:
+    with MemorySampler(server_pid, args.sample_interval, probe) as mem:
         episodes, wall = asyncio.run(remote_sessions(url, task_ids, n, args.steps, args.think, args.timeout,
-                                                     submit))
+                                                     submit, episodes_per_worker, golds))
     resources = {"cpu_server_s": round(process_cpu(server_pid) - server_cpu, 2),
                  "cpu_client_s": round(cpu_self() - client_cpu, 2),
                  "cpu_machine_s": round(machine_busy() - busy, 2), **mem.figures(),

@@ -157,12 +157,15 @@ def backend_options(backend: str, isolation: str = "auto", ray_address: str | No
     if ray_sandbox not in ("local", "docker"):
         fail(f"--ray-sandbox must be local or docker, not {ray_sandbox!r}")
     try:
-        ensure_connected(ray_address)
+        ray = ensure_connected(ray_address)
         slots, nodes = require_capacity()
     except RayUnavailableError as exc:
         fail(str(exc))
     console.print(f"ray: {slots:g} sandbox slot(s) on {nodes} node(s)", highlight=False)
-    return {"inner": ray_sandbox, **({"isolation": isolation} if ray_sandbox == "local" else {})}
+    # The cluster this process joined (or started), named for the processes it starts (serve's grading
+    # workers): without it they would look for one themselves, and fail, or join another on the host.
+    joined = ray_address if ray_address and ray_address.startswith("ray://") else ray.get_runtime_context().gcs_address
+    return {"inner": ray_sandbox, "address": joined, **({"isolation": isolation} if ray_sandbox == "local" else {})}
 
 
 def make_verifier(backend: str, isolation: str, ray_address: str | None = None, ray_sandbox: str = "local",

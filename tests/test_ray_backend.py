@@ -218,6 +218,20 @@ def test_a_host_serves_only_the_sandbox_it_holds_now():
     assert not h.call("mine", "exec", "true")[0]
 
 
+def test_the_ray_options_name_the_cluster_joined_for_processes_started_later(monkeypatch):
+    """serve's grading workers are processes of their own: given no address, each looked for a
+    cluster itself and failed ("resources must not be provided") or could join another one."""
+    import patchgym.sandboxes.ray_cluster as ray_cluster
+    from patchgym.cli.common import backend_options
+
+    fake = types.SimpleNamespace(get_runtime_context=lambda: types.SimpleNamespace(gcs_address="127.0.0.1:6379"))
+    monkeypatch.setattr(ray_cluster, "ensure_connected", lambda address=None: fake)
+    monkeypatch.setattr(ray_cluster, "require_capacity", lambda: (4.0, 2))
+    assert backend_options("ray")["address"] == "127.0.0.1:6379"  # a private cluster this process started
+    assert backend_options("ray", ray_address="127.0.0.1:6379")["address"] == "127.0.0.1:6379"
+    assert backend_options("ray", ray_address="ray://head:10001")["address"] == "ray://head:10001"
+
+
 # -- the driver's warm hosts ---------------------------------------------------------------------
 
 
