@@ -29,6 +29,10 @@ reaches): what the canaries catch on their own.
 
     python bench/canary_forger.py [--instance-ids ID ...] [--forgers name shape behaviour twin] [--json FILE]
     python bench/canary_forger.py --twins [--seeds 200] [--instance-ids ID ...] [--json FILE]
+    python bench/canary_forger.py --twins --swebench ROWS --repos DIR [--seeds 200] [--json FILE]
+
+``--swebench``: real SWE-bench rows (anything ``patchgym tasks import-swebench`` reads, with ``--repos``
+its mirrors) instead of the bundled tasks; the summary is also given per repository.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import random
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +58,7 @@ from patchgym.making.git_source import open_source  # noqa: E402
 from patchgym.tasks.backends import sandbox_factory  # noqa: E402
 from patchgym.tasks.catalog import repo_source  # noqa: E402
 from patchgym.tasks.model import Task  # noqa: E402
+from patchgym.tasks.swebench_io import import_swebench  # noqa: E402
 
 # The plugin finds the running Config through gc (the audit hook would end the run there).
 _REGISTER = '''
@@ -159,7 +165,10 @@ def _pg_is_canary(item, items):
 def forged_patch(task: Task, forger: str) -> str:
     """The forger's diff: its code appended to the package's ``__init__.py`` at the base commit."""
     init = f"{task.repo.rsplit('/', 1)[-1]}/__init__.py"
-    git_dir = open_source(repo_source(task)).git_dir
+    given = Path(task.repo_path) if task.repo_path else None
+    # A bare mirror with no config file (as some snapshot tools leave them) reads as a working tree's
+    # .git to GitPython: a directory with objects/ is taken as the git directory itself.
+    git_dir = given if given and (given / "objects").is_dir() else open_source(repo_source(task)).git_dir
     old = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{task.base_commit}:{init}"],
                          check=True, capture_output=True, text=True).stdout
     new = old.rstrip("\n") + "\n\n" + FORGERS[forger] + _REGISTER
@@ -192,7 +201,10 @@ def forger_wins(task: Task, forger: str, *, copies: bool, verifier: Verifier | N
 
 def hidden_sources(task: Task) -> dict[str, bytes | None]:
     """The hidden tests' files as graded: the base commit with the task's test patch applied."""
-    git_dir = open_source(repo_source(task)).git_dir
+    given = Path(task.repo_path) if task.repo_path else None
+    # A bare mirror with no config file (as some snapshot tools leave them) reads as a working tree's
+    # .git to GitPython: a directory with objects/ is taken as the git directory itself.
+    git_dir = given if given and (given / "objects").is_dir() else open_source(repo_source(task)).git_dir
     paths = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS})
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["git", "init", "-q", tmp], check=True)
@@ -226,10 +238,19 @@ def twin_odds(task: Task, seeds: int) -> dict:
 def main_twins(tasks, seeds: int, out: Path | None) -> None:
     rows = []
     for task in tasks:
-        row = twin_odds(task, seeds)
+        row = twin_odds(task, seeds) | {"repo": task.repo}
         rows.append(row)
         print(f"{task.instance_id:28} F2P {row['fail_to_pass']:3}  twinned {row['twin_coverage']:6.1%}  "
               f"guessing forger wins {row['win_rate']:.4f}", flush=True)
+        if out:  # every finished task on disk as it goes
+            out.write_text(json.dumps(rows, indent=1))
+    repos = sorted({r["repo"] for r in rows})
+    if len(repos) > 1:
+        print("\nper repository: tasks, FAIL_TO_PASS tests twinned (mean), guessing forger's win rate (mean, worst)")
+        for repo in repos:
+            mine = [r for r in rows if r["repo"] == repo]
+            print(f"  {repo:28} {len(mine):3}  {sum(r['twin_coverage'] for r in mine) / len(mine):6.1%}  "
+                  f"{sum(r['win_rate'] for r in mine) / len(mine):.4f}  {max(r['win_rate'] for r in mine):.4f}")
     worst = max(r["win_rate"] for r in rows)
     print(f"\n{len(rows)} tasks: twinned {sum(r['twin_coverage'] for r in rows) / len(rows):.1%} of FAIL_TO_PASS "
           f"tests on average; win rate mean {sum(r['win_rate'] for r in rows) / len(rows):.4f}, worst {worst:.4f}; "
@@ -246,7 +267,20 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--twins", action="store_true", help="the guessing forger's odds against twins")
     parser.add_argument("--seeds", type=int, default=200, help="--twins: draws of the twins per task")
+    parser.add_argument("--swebench", default=None, help="--twins: SWE-bench rows instead of the bundled tasks")
+    parser.add_argument("--repos", default=None, help="--swebench: the rows' repositories (mirrors, clones)")
     args = parser.parse_args()
+    if args.swebench:
+        if not args.twins or not args.repos:
+            parser.error("--swebench goes with --twins and --repos")
+        with tempfile.TemporaryDirectory() as work:
+            imported = import_swebench(args.swebench, repos=args.repos, output=Path(work) / "tasks.jsonl").tasks
+            chosen = [t for t in imported if not args.instance_ids or t.instance_id in args.instance_ids]
+            # Twins are made for pytest's files only (Django's and SymPy's runners get none yet).
+            others = Counter(t.repo for t in chosen if t.test_spec.format != "pytest")
+            if others:
+                print("not pytest, no twins: " + ", ".join(f"{repo} {n}" for repo, n in sorted(others.items())))
+            return main_twins([t for t in chosen if t.test_spec.format == "pytest"], args.seeds, args.json)
     tasks = load_task_set(None)
     if args.instance_ids:
         tasks = tasks.select(args.instance_ids)
