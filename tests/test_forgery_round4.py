@@ -21,7 +21,8 @@ test it can, and must still score 0 through its own class's defense:
 * an unparseable hunk header (``int()`` of 5,000 digits) that was masked as a harness error.
 
 Every case asserts reward 0, ``resolved: false``, not masked, and the reason; gold plus each payload
-either still resolves or is reported as tampering (see ``test_gold_plus_payload``).
+is reported as tampering, never resolved (``test_gold_plus_payload``; the hunk header with gold is the
+agent's failure, ``test_an_unparseable_hunk_header_is_the_agents_failure``).
 """
 
 from __future__ import annotations
@@ -484,3 +485,13 @@ def test_an_unparseable_hunk_header_is_the_agents_failure(with_gold, checkouts, 
     report = json.loads(data)[semverkit.instance_id]
     assert_refused(report, semverkit, Error("the patch cannot be parsed"))
     assert "cannot be parsed" in report["error"], describe(report)
+
+
+@pytest.mark.parametrize("name, payload, expect", [pytest.param(*a, id=a[0]) for a in ATTACKS])
+def test_gold_plus_payload(name, payload, expect, checkouts):
+    """Gold with each payload beside it is reported as tampering, by the same defense as the payload
+    alone: each acts whatever the fix (fakes the tests it can, rewires what it can), never masked."""
+    task, repo = checkouts[TASK_IDS[-1]]
+    report = Verifier(sandbox_factory("local")).verify(task, task.patch + in_package(payload)(task, repo))
+    assert report.infrastructure_failure is False
+    assert report.tampering_detected and not report.resolved and report.reward == 0.0, report.error
