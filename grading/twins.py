@@ -15,9 +15,10 @@ canaries, if anything tells them apart. Here nothing does, and choosing needs th
   bytes: one character, among others of its class), the original at a random place in it, every
   literal of the group spelled alike (``repr``), every member named by the generator, the group in
   random order where the test was, and in random order on the command line;
-* a twin must fail: its expected value conflicts with the test's, so code that passes both was
-  told what each test expects (special-casing), and code that passes only a twin bet on the wrong
-  value. A twin that passes is tampering (:meth:`Twins.problem`).
+* a twin must fail with its test passing: its expected value conflicts with the test's, so code
+  that passes both was told what each test expects (special-casing): tampering
+  (:meth:`Twins.problem`). A twin passing alone is a wrong answer that equals the twin's value (the
+  base tree's bug gives one now and then): the test fails, an honest failure.
 
 Where no literal can be changed, the test is renamed and the canaries are the module's copies as
 before (:mod:`.integrity`). Class methods and tests of Django's and SymPy's runners get no twins.
@@ -83,18 +84,19 @@ class Twins:
         return out
 
     def problem(self, statuses: dict[str, TestStatus]) -> str | None:
-        """Why the run's results (by run id) cannot be believed: a twin passed (it conflicts with
-        its test, and was shown at validation to fail on the base and on the gold tree)."""
+        """Why the run's results (by run id) cannot be believed: a hidden test and one of its twins
+        both passed, which no code can do honestly (they expect conflicting values of one expression).
+
+        A twin passing while its test fails is not tampering: it is what a wrong answer that happens
+        to equal a twin's value looks like (the base tree's bug gives one, so can an agent's wrong
+        fix), and the test's failure already makes the grading unresolved."""
         original = self.original
         for run_id, status in sorted(statuses.items()):
             function, params = _split(run_id)
             test = original.get(function)
-            if test is None or status not in PASSING:
-                continue
-            if statuses.get(test + params) in PASSING:
+            if test is not None and status in PASSING and statuses.get(test + params) in PASSING:
                 return (f"a hidden test and its conflicting twin both passed: {self.official_id(test + params)} "
                         f"and {run_id}")
-            return f"a conflicting twin of a hidden test passed: {run_id} (of {self.official_id(test + params)})"
         return None
 
 

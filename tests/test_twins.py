@@ -83,14 +83,15 @@ def test_a_module_the_generator_runs_out_of_names_for_is_left_whole():
     assert twins.run_id("t.py::test_a") == "t.py::test_a"
 
 
-def test_a_twin_that_passes_is_tampering():
+def test_a_twin_that_passes_with_its_test_is_tampering_and_alone_is_a_wrong_answer():
     twins = _twins()
     run = twins.run_id(FAILING[0])
     twin = twins.twins[run][0]
     honest = {run: TestStatus.PASSED, **{t: TestStatus.FAILED for t in twins.twins[run]}}
     assert twins.problem(honest) is None
     assert "both passed" in twins.problem({**honest, twin: TestStatus.PASSED})
-    assert "twin of a hidden test passed" in twins.problem({run: TestStatus.FAILED, twin: TestStatus.PASSED})
+    # the base tree's bug (or an agent's wrong fix) can give exactly a twin's value: the test fails, honestly
+    assert twins.problem({run: TestStatus.FAILED, twin: TestStatus.PASSED}) is None
 
 
 def test_a_container_of_literals_gets_one_of_its_values_changed():
@@ -115,12 +116,13 @@ def test_validation_calls_a_twin_that_passes_on_gold_or_base_a_problem_of_the_ta
 
     task = load_task_set(None).get("patchgym__semverkit-1")
 
-    class Grader:  # gold resolves; the base run finds a twin that passed
+    class Grader:  # gold resolves; the base run finds a test and its twin both passing
         def verify(self, task, patch, run_empty=False):
             if patch:
                 return InstanceReport(instance_id=task.instance_id, resolved=True, duration_seconds=0.0)
             return InstanceReport(instance_id=task.instance_id, tampering_detected=True, duration_seconds=0.0,
-                                  tampering_reason="a conflicting twin of a hidden test passed: t::x")
+                                  tampering_reason="a hidden test and its conflicting twin both passed: t::x")
 
     validation = validate_task(task, Grader(), runs=1)
-    assert validation.problems == ["tampering found on the base: a conflicting twin of a hidden test passed: t::x"]
+    assert validation.problems == ["tampering found on the base: a hidden test and its conflicting twin both passed: "
+                                   "t::x"]
