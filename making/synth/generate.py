@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from patchgym.grading import integrity
+from patchgym.grading.declared import files_of
 from patchgym.grading.patches import is_test_or_config
 from patchgym.grading.pyast import parse as parse_python
 from patchgym.grading.testrun import TestRun, probe, run_tests
@@ -442,6 +443,9 @@ class _Search:
             saved: bytes | None = sandbox.read_file(canary)
         except FileNotFoundError:
             saved = None
+        # The run renames the tests in their files (grading.twins): put back too, or the next run in
+        # this sandbox asks for names its files no longer have (and collects nothing).
+        test_files = {file: sandbox.read_file(file) for file in files_of(tests)}
         sandbox.write_file(path, source)
         cache = shlex.quote(str(PurePosixPath(path).parent / "__pycache__"))
         sandbox.exec(f"rm -rf {cache}", timeout=60)
@@ -451,6 +455,8 @@ class _Search:
         finally:
             try:
                 sandbox.write_file(path, self.sources[path])
+                for file, content in test_files.items():
+                    sandbox.write_file(file, content)
                 if saved is None:
                     sandbox.exec(f"rm -f {shlex.quote(canary)}", timeout=60)
                 else:
