@@ -4,10 +4,10 @@ Old pytests add to their own namespaces while they run: pytest 3.x's configurati
 ``ensuretemp`` and its plugins' ``pytest_namespace`` into the ``pytest`` module, and py.xml caches
 the tag classes it makes (``Junit.testcase``) on its namespace classes. Gold under pytest 3.3 was
 called tampering for both; so was a SWE-bench row whose run made pytest's ``python.py`` warn
-(Python keeps a ``__warningregistry__`` in the module that warned). What is accepted must stay exactly that: a name added to a module that
-runs code shadows a builtin there, a dunder on ``pytest`` (``__getattr__``) answers every lookup, and
-a "tag" with code of its own is not a tag. Checked in a child Python (the snapshot watches the
-``_pytest`` modules this test session itself runs on).
+(Python keeps a ``__warningregistry__`` in the module that warned). What is accepted must stay
+exactly that: a name added to a module that runs code shadows a builtin there, a dunder on ``pytest`` (``__getattr__``) answers every lookup, and
+a "tag" with code of its own is not a tag, nor one put anywhere but on a py.xml namespace class.
+Checked in a child Python (the snapshot watches the ``_pytest`` modules this test session runs on).
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ SCRIPT = textwrap.dedent('''
     out["tag cached"] = while_running(setter(Namespace, "testcase", plain), unsetter(Namespace, "testcase"))
     out["tag with code"] = while_running(setter(Namespace, "failure", with_code), unsetter(Namespace, "failure"))
     out["tag under another name"] = while_running(setter(Namespace, "failure", renamed), unsetter(Namespace, "failure"))
+    as_builtin = type("isinstance", (Tag,), {})
+    out["tag shadowing a builtin in a module"] = while_running(setter(ns, "isinstance", as_builtin),
+                                                               unsetter(ns, "isinstance"))
     python_ns = vars(_pytest.python)
     out["warning registry"] = while_running(setter(python_ns, "__warningregistry__", {"version": 0}),
                                             unsetter(python_ns, "__warningregistry__"))
@@ -83,3 +86,4 @@ def test_what_old_pytests_add_is_accepted_and_nothing_like_it():
     assert found["builtin shadowed in _pytest.runner"] == "_pytest.runner.isinstance was added"
     assert found["tag with code"] == "py._xmlgen.Namespace.failure was added"
     assert found["tag under another name"] == "py._xmlgen.Namespace.failure was added"
+    assert found["tag shadowing a builtin in a module"] == "_pytest.runner.isinstance was added"

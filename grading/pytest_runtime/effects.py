@@ -211,12 +211,30 @@ def _configure_addition(owner, key, value):
 
 def _cached_tag(owner, key, value):
     """An XML tag class ``py.xml``'s namespaces make on first use and cache on themselves (pytest
-    3.x's ``Junit.testcase``): a plain subclass of py.xml's ``Tag`` named as the key, with no code
-    (at most its ``xmlname``, the key). The same class a forger could add does nothing else."""
-    tag = getattr(sys.modules.get("py._xmlgen"), "Tag", None)  # py._xmlgen is itself in the snapshot
-    own = vars(value).keys() - {"__module__", "__doc__", "__dict__", "__weakref__"} if isinstance(value, type) else {""}
-    return (tag is not None and type(value) is type and value.__bases__ == (tag,) and value.__name__ == key
-            and own <= {"xmlname"} and vars(value).get("xmlname", key) == key)
+    3.x's ``Junit.testcase``): added to a subclass of py.xml's ``Namespace`` (never a module, where
+    a name shadows a builtin), a plain subclass of its ``Tag`` named as the key, with no code (at
+    most its ``xmlname``, the key). The same class a forger could add does nothing else."""
+    xmlgen = sys.modules.get("py._xmlgen")  # itself in the snapshot: its Tag and Namespace are the real ones
+    tag, namespace = getattr(xmlgen, "Tag", None), getattr(xmlgen, "Namespace", None)
+    if tag is None or not isinstance(namespace, type) or type(value) is not type:
+        return False
+    home = _owner_class(owner)
+    own = vars(value).keys() - {"__module__", "__doc__", "__dict__", "__weakref__"}
+    return (isinstance(home, type) and issubclass(home, namespace) and value.__bases__ == (tag,)
+            and value.__name__ == key and own <= {"xmlname"} and vars(value).get("xmlname", key) == key)
+
+
+def _owner_class(owner):
+    """The class a snapshot owner's name (``module.Class[.Nested]``) names, or None (a module)."""
+    parts = owner.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is not None:
+            found = module
+            for part in parts[cut:]:
+                found = vars(found).get(part) if isinstance(found, (type, types.ModuleType)) else None
+            return found if isinstance(found, type) else None
+    return None
 
 
 def _public_namespace_addition(owner, key):
