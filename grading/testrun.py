@@ -32,6 +32,11 @@ from patchgym.tasks.backends import SandboxFactory, make_sandbox
 from patchgym.tasks.model import EnvironmentConfig, Task, TestSpec
 
 LOG_LIMIT = 512 * 1024
+# A failure's traceback in a graded run, unless the task's command chooses a style: one line (file,
+# line, exception). pytest's default (long) parses the test file's source for every failure, ~5 ms
+# each on a loaded 2-core machine, and a graded run has several failures that must happen (twins,
+# canaries); the outcome is read from the results, never from the traceback.
+TRACEBACK_STYLE = "--tb=line"
 # Every test run reads no bytecode cache from the tree: a .pyc there (the image's own, or one slipped
 # past the patch filter) is never used in place of its source. Its pycache prefix is the
 # environment's read-only bytecode prefix where the sandbox names one (sandboxes.bytecode: checked-hash
@@ -193,6 +198,8 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     if invocation is not None:
         env, python, args = invocation
         start = f"{env}PATCHGYM_RESULTS={results} {python} -I -B {runtime}/bootstrap.py {args}".rstrip()
+        if not any(word == "--tb" or word.startswith("--tb=") for word in shlex.split(args)):
+            start += f" {TRACEBACK_STYLE}"
     else:  # a command patchgym cannot take over (e.g. tox): junit and canaries only
         start = spec.command
     if spec.selection == "files":  # the canaries' places in their file are their places in the run
