@@ -64,7 +64,7 @@ class TestRun:
     error: str | None = None
     applied: list[bool] = field(default_factory=list)
     tampering: str | None = None
-    canaries: bool = False  # the run included a canary that must fail, so it must exit 1
+    canaries: bool = False  # the run included a canary or twin that must fail, so it must exit 1
     undeclared_xfail: set[str] = field(default_factory=set)  # XFAIL its file does not declare
     undeclared_skip: set[str] = field(default_factory=set)  # skipped in its call, its file says no skip
     # CPU time of the test command's whole process tree (None where the backend cannot measure it):
@@ -145,6 +145,25 @@ def _read_runtime_file(path: Path, mtime_ns: int, size: int) -> bytes:
     return path.read_bytes()
 
 
+def _place_canaries(sandbox: Sandbox, spec: TestSpec, requested: list[str], passing: set[str],
+                    sources: dict[str, bytes | None], seed: int | None) -> integrity.Canaries:
+    """Write canaries (:mod:`.integrity`) into the module of the first of ``requested`` (ids in the
+    run; ``passing`` those known to pass), whose content is in ``sources`` when the run changes it."""
+    path = integrity.canary_path(requested)
+    existing = sources.get(path)  # the hidden test module, as it will run
+    if existing is None:
+        try:
+            existing = sandbox.read_file(path)
+        except FileNotFoundError:
+            existing = None
+        except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
+            path, existing = integrity.canary_path([]), None
+    canaries = integrity.make_canaries(path, existing, passing=sorted(passing),
+                                       failing=[t for t in requested if t not in passing], seed=seed)
+    sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
+    return canaries
+
+
 def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
               files: Sequence[str] = (), harness: HarnessFiles | None = None,
               known_passing: Sequence[str] = (), canary_seed: int | None = None) -> TestRun:
@@ -176,24 +195,18 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
         # The hidden tests renamed, and conflicting twins of the failing ones (grading.twins), then
         # the canaries: from here on the run knows its tests by their names in the run.
         passing = set(known_passing)
-        twins = make_twins(sources, [t for t in requested if t not in passing], _rng(canary_seed, "twins"))
+        failing = [t for t in requested if t not in passing]
+        twins = make_twins(sources, failing, _rng(canary_seed, "twins"))
         for path, content in twins.files.items():
             sandbox.write_file(path, content)
         sources_now = {**sources, **twins.files}
         requested = twins.run_ids(requested)
         passing = {twins.run_id(t) for t in passing}
-        path = integrity.canary_path(requested)
-        existing: bytes | None = sources_now.get(path)  # the hidden test module, as it will run
-        if existing is None:
-            try:
-                existing = sandbox.read_file(path)
-            except FileNotFoundError:
-                existing = None
-            except (PathOutsideWorkspaceError, IsADirectoryError):  # not a regular file: a module of their own
-                path, existing = integrity.canary_path([]), None
-        canaries = integrity.make_canaries(path, existing, passing=sorted(passing),
-                                           failing=[t for t in requested if t not in passing], seed=canary_seed)
-        sandbox.write_file(canaries.path, canaries.written_into(existing, spread=spec.selection == "files"))
+        # Canaries only where a failing test has no twins (as when none can be made): twins are
+        # must-fail tests told from their test by nothing but the right answer, where a copy of a
+        # passing test is told by its shape; they would add failing tests, not protection.
+        if not twins.cover(failing):
+            canaries = _place_canaries(sandbox, spec, requested, passing, sources_now, canary_seed)
     invocation = pytest_invocation(spec.command)
     if invocation is not None:
         env, python, args = invocation
@@ -211,7 +224,8 @@ def run_tests(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str] = (), *,
     result = sandbox.exec(command if invocation is not None else BYTECODE_PREFIX + command, timeout=spec.timeout,
                           output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
-                  exit_code=result.exit_code, timed_out=result.timed_out, canaries=canaries is not None,
+                  exit_code=result.exit_code, timed_out=result.timed_out,
+                  canaries=canaries is not None or bool(twins and twins.twins),
                   cpu_seconds=result.cpu_seconds)
     junit_statuses = _read_results(sandbox, junit, run, parse_junit, "junit report")
     record = (_read_results(sandbox, results, run, integrity.parse_record, "results")

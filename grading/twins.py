@@ -67,6 +67,11 @@ class Twins:
         back = {new: old for old, new in self.renamed.items()}
         return back.get(function, function) + params
 
+    def cover(self, tests: Iterable[str]) -> bool:
+        """Whether there are ``tests`` (official ids) and every one of them has twins."""
+        functions = [_split(self.run_id(test))[0] for test in tests]
+        return bool(functions) and all(self.twins.get(function) for function in functions)
+
     def owns(self, run_id: str) -> bool:
         """Whether ``run_id`` is a twin (or a variant of one)."""
         return _split(run_id)[0] in self.original

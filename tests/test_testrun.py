@@ -69,3 +69,28 @@ def test_whole_files_run_as_swebench_ran_them(calc_task, selection):
         assert not report.resolved
         assert report.tests_status["PASS_TO_PASS"]["failure"] == task.PASS_TO_PASS
         assert "tests/test_order.py::test_second_reads_what_the_first_left" in command
+
+
+def test_copies_are_made_only_where_a_failing_test_has_no_twins(calc_task, monkeypatch):
+    """Twins are the must-fail tests where every FAIL_TO_PASS test has them (a bundled dotenvkit
+    task: each compares with a literal); calc-1's expects an exception, so it gets none and the run
+    has canaries as before. Either way gold resolves with no tampering, and the traceback is one
+    line per failure unless the task's command chooses a style."""
+    from patchgym import load_task_set
+    from patchgym.grading import integrity, testrun
+    from patchgym.grading.verifier import Verifier
+
+    made = []
+    real = integrity.make_canaries
+    monkeypatch.setattr(integrity, "make_canaries", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    verifier = Verifier()
+    twinned = load_task_set().get("patchgym__dotenvkit-1")
+    for task, copies in ((twinned, 0), (calc_task, 1)):
+        report = verifier.verify(task, task.patch)
+        assert report.resolved and not report.tampering_detected, report.error
+        assert len(made) == copies, task.instance_id
+        assert f" {testrun.TRACEBACK_STYLE} " in report.test_output.splitlines()[0]
+        made.clear()
+    chosen = calc_task.model_copy(update={"test_spec": calc_task.test_spec.model_copy(
+        update={"command": calc_task.test_spec.command + " --tb=short"})})
+    assert testrun.TRACEBACK_STYLE not in verifier.verify(chosen, chosen.patch).test_output.splitlines()[0]
