@@ -155,10 +155,15 @@ def name_maker(tree: ast.Module, rng: random.Random):
     ``test``), its separator (``_`` or camel case), its words in the orders its names use them
     (a walk from word to a word that follows it in one of its names); never a name bound
     anywhere in the module, nor one given."""
-    taken = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    taken |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    tests = [n.name for n in ast.walk(tree)
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")]
+    taken: set[str] = set()
+    tests: list[str] = []
+    for node in ast.walk(tree):  # once: a walk of a large test module costs milliseconds
+        if isinstance(node, ast.Name):
+            taken.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            taken.add(node.name)
+            if not isinstance(node, ast.ClassDef) and node.name.startswith("test"):
+                tests.append(node.name)
     shapes: list[tuple[str, list[str]]] = []
     for name in tests:
         rest = name[4:]

@@ -27,6 +27,7 @@ before (:mod:`.integrity`). Class methods and tests of Django's and SymPy's runn
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -52,9 +53,10 @@ class Twins:
     twins: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a renamed function id -> its twins'
     rng: random.Random = field(default_factory=random.Random, repr=False)
 
-    @property
+    @functools.cached_property
     def original(self) -> dict[str, str]:
-        """Each twin's function id -> its original's (run) function id."""
+        """Each twin's function id -> its original's (run) function id (``twins`` is complete once
+        :func:`make_twins` returns, before anything asks)."""
         return {twin: test for test, twins in self.twins.items() for twin in twins}
 
     def run_id(self, test_id: str) -> str:
@@ -63,9 +65,14 @@ class Twins:
         return self.renamed.get(function, function) + params
 
     def official_id(self, run_id: str) -> str:
+        """The official id of ``run_id`` (an id in the run)."""
         function, params = _split(run_id)
-        back = {new: old for old, new in self.renamed.items()}
-        return back.get(function, function) + params
+        return self._official.get(function, function) + params
+
+    @functools.cached_property
+    def _official(self) -> dict[str, str]:
+        """Each renamed function id -> its official one (``renamed`` is complete once the run starts)."""
+        return {new: old for old, new in self.renamed.items()}
 
     def cover(self, tests: Iterable[str]) -> bool:
         """Whether there are ``tests`` (official ids) and every one of them has twins."""
