@@ -87,3 +87,49 @@ def test_what_old_pytests_add_is_accepted_and_nothing_like_it():
     assert found["tag with code"] == "py._xmlgen.Namespace.failure was added"
     assert found["tag under another name"] == "py._xmlgen.Namespace.failure was added"
     assert found["tag shadowing a builtin in a module"] == "_pytest.runner.isinstance was added"
+
+
+HIDDEN = '''
+import functools
+
+
+def wraps_it(f):
+    @functools.wraps(f)
+    def wrapper():
+        return f()
+    return wrapper
+
+
+def test_plain():
+    assert 1
+
+
+@wraps_it
+def test_wrapped():
+    assert 1
+'''
+
+
+def test_a_hidden_test_is_its_own_code_or_a_wrapper_of_it_where_its_file_decorates_it(tmp_path):
+    """``HiddenCode.problem``: a test called as compiled needs no look at its decorators (the file is
+    parsed only for a test that is not); a wrapper passes only where the file decorates the test; a
+    function with other code is forged, decorated or not."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pg_effects", pytest_runtime.RUNTIME_DIR / "effects.py")
+    effects = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(effects)
+    path = str(tmp_path / "test_hidden.py")
+    code = compile(HIDDEN, path, "exec")
+    hidden = effects.HiddenCode([path])
+    hidden.add(code, path)
+    namespace: dict = {}
+    exec(code, namespace)
+
+    def never():
+        raise AssertionError("asked whether a test called as compiled is decorated")
+
+    assert hidden.problem(namespace["test_plain"], "test_plain", path, never) is None
+    assert hidden.problem(namespace["test_wrapped"], "test_wrapped", path, lambda: True) is None
+    assert hidden.problem(namespace["test_wrapped"], "test_wrapped", path, lambda: False)
+    assert hidden.problem(lambda: None, "test_plain", path, lambda: True)

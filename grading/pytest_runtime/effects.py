@@ -299,8 +299,9 @@ class HiddenCode:
     def problem(self, function, name, path, decorated):
         """Why ``function``, which pytest is about to call as the test ``name`` of ``path``, is not
         that test's own code (None when it is): its code must be one the module was compiled to,
-        named ``name``. ``decorated`` (the file gives the test a decorator that is not a mark): the
-        function may be a wrapper whose ``__wrapped__`` chain ends at that code."""
+        named ``name``. ``decorated()`` (asked only when ``function`` is not that code: the file
+        gives the test a decorator that is not a mark): the function may be a wrapper whose
+        ``__wrapped__`` chain ends at that code."""
         function = getattr(function, "__func__", function)
         known = self.codes.get(path, {})
         hops = 0
@@ -308,7 +309,7 @@ class HiddenCode:
             code = getattr(function, "__code__", None)
             if isinstance(code, types.CodeType) and known.get(id(code)) is code and code.co_name == name:
                 return None
-            inner = getattr(function, "__wrapped__", None) if decorated else None
+            inner = getattr(function, "__wrapped__", None) if decorated() else None
             if inner is None or hops > 20:
                 what = code.co_filename + ":" + str(code.co_firstlineno) if isinstance(code, types.CodeType) \
                     else type(function).__name__

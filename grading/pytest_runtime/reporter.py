@@ -101,9 +101,7 @@ class OwnCalls:
             return None
         name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
         function = item.obj
-        if path not in self.decorated:  # the file's own text, as the audit hook saw it executed
-            self.decorated[path] = decorated_tests(self.hidden_code.source(path))
-        problem = self.hidden_code.problem(function, name, path, name in self.decorated[path])
+        problem = self.hidden_code.problem(function, name, path, lambda: name in self._decorated(path))
         if problem is not None:
             self.forged[item.nodeid] = problem
             return None
@@ -113,6 +111,14 @@ class OwnCalls:
         result = self.pytest_pyfunc_call(pyfuncitem=_Checked(item, function))
         self.ran.add(item.nodeid)
         return result
+
+    def _decorated(self, path):
+        """The tests of ``path`` with a decorator that is not a mark, from the file's own text as the
+        audit hook saw it executed: parsed only when a test's function is not its code as compiled
+        (a test module's parse is milliseconds, and most tests are called as they are)."""
+        if path not in self.decorated:
+            self.decorated[path] = decorated_tests(self.hidden_code.source(path))
+        return self.decorated[path]
 
 
 def _asynchronous(function):
