@@ -3,13 +3,19 @@ worker processes with a CPU share of their own, the same grades as in-process (i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import httpx
 
 from patchgym.server.app import create_app
-from patchgym.server.grading_pool import GradingPool
+from patchgym.server.grading_pool import GradingPool, GradingWorkerError
+from patchgym.tasks.model import Task
 from tests.serving import serve
 from tests.test_server import SUBMIT, TASK, apply_via_bash, create
 
@@ -38,3 +44,125 @@ def test_submits_and_verify_are_graded_by_workers_with_a_cpu_share_of_their_own(
         pool.close()
     assert pool.group is None or not pool.group.exists()
     assert f"patchgym-serving-{os.getpid()}" not in Path("/proc/self/cgroup").read_text()
+
+
+def _slow_patch(marker: str) -> str:
+    """A patch whose tests hang in ``sleep <marker>`` (a process the host sees by its arguments)."""
+    return (
+        "diff --git a/calc/__init__.py b/calc/__init__.py\n"
+        "--- a/calc/__init__.py\n"
+        "+++ b/calc/__init__.py\n"
+        "@@ -1,4 +1,6 @@\n"
+        ' """Small numeric helpers."""\n'
+        "+import subprocess\n"
+        f'+subprocess.run(["sleep", "{marker}"])\n'
+        " \n"
+        " \n"
+        " def clamp(x, lo, hi):\n"
+    )
+
+
+def _marker_alive(marker: str) -> bool:
+    return subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True).returncode == 0
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (a sandbox's bubblewrap, its init, the test run)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for children in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                new = {int(c) for c in children.read_text().split()} - found
+            except OSError:
+                continue
+            found |= new
+            todo += new
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"}
+
+
+def _owned_by(pid: int, home: Path) -> list[Path]:
+    """What a process named for itself on the host: sandbox workspaces and /etc copies, cgroups."""
+    cgroups = Path("/sys/fs/cgroup")
+    return [*(home / "sandboxes").glob(f"{pid}-*"), *(home / "etc").glob(f"{pid}-*"),
+            *cgroups.glob(f"*/patchgym/sb-{pid}-*"), *cgroups.glob(f"*/patchgym-sb-{pid}-*"),
+            *cgroups.glob(f"patchgym/sb-{pid}-*")]
+
+
+def _grading_underway(pool: GradingPool, task: Task, marker: str) -> tuple[threading.Thread, list[BaseException]]:
+    """A slow grading in a thread of its own, returned once its tests are running; what the pool
+    raised lands in the list."""
+    raised: list[BaseException] = []
+
+    def grade() -> None:
+        try:
+            pool.verify(task, _slow_patch(marker))
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=grade, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not _marker_alive(marker):
+        assert thread.is_alive() and time.monotonic() < deadline, f"the slow grading never ran: {raised}"
+        time.sleep(0.05)
+    return thread, raised
+
+
+def test_a_worker_terminated_mid_grading_closes_its_sandbox_and_is_replaced(calc_task, patchgym_home):
+    """SIGTERM (then a second signal during its cleanup) to a worker mid-grading: it closes the
+    sandbox it grades in and exits within seconds, the abandoned grading is the server's failure,
+    and the next grading gets a fresh worker."""
+    marker = f"{5000 + os.getpid() % 1000}.25"
+    pool = GradingPool(1, backend="local")
+    try:
+        (worker,) = pool._all
+        thread, raised = _grading_underway(pool, calc_task, marker)
+        pid, below = worker.proc.pid, _descendants(worker.proc.pid)
+        assert _owned_by(pid, patchgym_home), "the grading's sandbox should be on the host"
+        start = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGHUP)  # during its cleanup: changes nothing
+        assert worker.proc.wait(timeout=10) != 0
+        assert time.monotonic() - start < 5
+        thread.join(timeout=10)
+        assert [type(e) for e in raised] == [GradingWorkerError], raised
+        assert _owned_by(pid, patchgym_home) == [], "closed by the worker itself, not left for gc"
+        assert _alive(below) == set() and not _marker_alive(marker)
+        (replacement,) = pool._all
+        assert replacement is not worker
+        assert pool.verify(calc_task, calc_task.patch).resolved
+    finally:
+        pool.close()
+
+
+def test_closing_the_pool_mid_grading_ends_its_worker_within_seconds(calc_task, patchgym_home):
+    marker = f"{6000 + os.getpid() % 1000}.25"
+    pool = GradingPool(1, backend="local")
+    (worker,) = pool._all
+    closer = threading.Thread(target=pool.close, daemon=True)
+    try:
+        thread, raised = _grading_underway(pool, calc_task, marker)
+        pid, below = worker.proc.pid, _descendants(worker.proc.pid)
+        start = time.monotonic()
+        closer.start()
+        closer.join(timeout=20)
+        assert not closer.is_alive(), "close() hung on the grading under way"
+        assert time.monotonic() - start < 8
+        assert worker.proc.poll() is not None
+        thread.join(timeout=10)
+        assert [type(e) for e in raised] == [GradingWorkerError], raised
+        assert _owned_by(pid, patchgym_home) == [] and _alive(below) == set() and not _marker_alive(marker)
+        assert pool._all == [], "a closed pool starts no worker"
+    finally:
+        worker.proc.kill()
+        if not closer.is_alive():
+            pool.close()
+    assert pool.group is None or not pool.group.exists()
