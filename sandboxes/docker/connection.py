@@ -64,6 +64,11 @@ class ServerConnection:
             raise SandboxError(f"lost the container's command server: {exc}") from None
         return self._answer(time.monotonic() + timeout, "the container's command server stopped answering")
 
+    @property
+    def in_step(self) -> bool:
+        """No request's answer is left unread (none was cut short)."""
+        return not self._unanswered
+
     def close(self) -> None:
         for closer in (self._sock.close, self._closer):
             try:
