@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -86,12 +87,18 @@ def _alive(pids: set[int]) -> set[int]:
             and Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"}
 
 
-def _owned_by(pid: int, home: Path) -> list[Path]:
-    """What a process named for itself on the host: sandbox workspaces and /etc copies, cgroups."""
+def _owned_by(pid: int, home: Path, backend: str = "local") -> list[str]:
+    """What a process named for itself: sandbox workspaces and /etc copies, cgroups, containers."""
     cgroups = Path("/sys/fs/cgroup")
-    return [*(home / "sandboxes").glob(f"{pid}-*"), *(home / "etc").glob(f"{pid}-*"),
-            *cgroups.glob(f"*/patchgym/sb-{pid}-*"), *cgroups.glob(f"*/patchgym-sb-{pid}-*"),
-            *cgroups.glob(f"patchgym/sb-{pid}-*")]
+    found = [*(home / "sandboxes").glob(f"{pid}-*"), *(home / "etc").glob(f"{pid}-*"),
+             *cgroups.glob(f"*/patchgym/sb-{pid}-*"), *cgroups.glob(f"*/patchgym-sb-{pid}-*"),
+             *cgroups.glob(f"patchgym/sb-{pid}-*")]
+    if backend == "docker":
+        from patchgym.sandboxes.docker.client import OWNER_LABEL, docker_client
+
+        owner = f"{OWNER_LABEL}={os.uname().nodename}:{pid}"
+        found += [f"container {c.name}" for c in docker_client().containers.list(all=True, filters={"label": owner})]
+    return [str(item) for item in found]
 
 
 def _grading_underway(pool: GradingPool, task: Task, marker: str) -> tuple[threading.Thread, list[BaseException]]:
@@ -114,17 +121,17 @@ def _grading_underway(pool: GradingPool, task: Task, marker: str) -> tuple[threa
     return thread, raised
 
 
-def test_a_worker_terminated_mid_grading_closes_its_sandbox_and_is_replaced(calc_task, patchgym_home):
+def test_a_worker_terminated_mid_grading_closes_its_sandbox_and_is_replaced(calc_task, patchgym_home, backend):
     """SIGTERM (then a second signal during its cleanup) to a worker mid-grading: it closes the
     sandbox it grades in and exits within seconds, the abandoned grading is the server's failure,
     and the next grading gets a fresh worker."""
     marker = f"{5000 + os.getpid() % 1000}.25"
-    pool = GradingPool(1, backend="local")
+    pool = GradingPool(1, backend=backend)
     try:
         (worker,) = pool._all
         thread, raised = _grading_underway(pool, calc_task, marker)
         pid, below = worker.proc.pid, _descendants(worker.proc.pid)
-        assert _owned_by(pid, patchgym_home), "the grading's sandbox should be on the host"
+        assert _owned_by(pid, patchgym_home, backend), "the grading's sandbox should be on the host"
         start = time.monotonic()
         os.kill(pid, signal.SIGTERM)
         time.sleep(0.01)
@@ -134,7 +141,7 @@ def test_a_worker_terminated_mid_grading_closes_its_sandbox_and_is_replaced(calc
         assert time.monotonic() - start < 5
         thread.join(timeout=10)
         assert [type(e) for e in raised] == [GradingWorkerError], raised
-        assert _owned_by(pid, patchgym_home) == [], "closed by the worker itself, not left for gc"
+        assert _owned_by(pid, patchgym_home, backend) == [], "closed by the worker itself, not left for gc"
         assert _alive(below) == set() and not _marker_alive(marker)
         (replacement,) = pool._all
         assert replacement is not worker
@@ -166,3 +173,49 @@ def test_closing_the_pool_mid_grading_ends_its_worker_within_seconds(calc_task, 
         if not closer.is_alive():
             pool.close()
     assert pool.group is None or not pool.group.exists()
+
+
+# A server's stand-in: a pool grading the patch in argv[2] for the task in argv[1]; prints its worker's pid.
+POOL_OWNER = """
+import sys, threading, time
+from patchgym.server.grading_pool import GradingPool
+from patchgym.tasks.model import load_tasks
+pool = GradingPool(1, backend="local")
+threading.Thread(target=pool.verify, args=(load_tasks(sys.argv[1])[0], sys.argv[2]), daemon=True).start()
+print(pool._all[0].proc.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def _pool_cgroups(pid: int) -> list[Path]:
+    cgroups = Path("/sys/fs/cgroup")
+    return [*cgroups.glob(f"cpu/patchgym-*-{pid}"), *cgroups.glob(f"patchgym-*-{pid}")]
+
+
+def test_a_killed_servers_worker_closes_its_sandbox_and_the_next_pool_removes_its_cgroups(calc_task, patchgym_home):
+    """SIGKILL to the pool's process mid-grading: its worker gets SIGTERM as its death signal and
+    closes the grading's sandbox; the cgroups named for the dead server go with the next pool."""
+    marker = f"{7000 + os.getpid() % 1000}.25"
+    owner = subprocess.Popen([sys.executable, "-c", POOL_OWNER, str(calc_task.source_file), _slow_patch(marker)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        worker = int(owner.stdout.readline())
+        deadline = time.monotonic() + 60
+        while not _marker_alive(marker):
+            assert owner.poll() is None and time.monotonic() < deadline, "the slow grading never ran"
+            time.sleep(0.05)
+        below = _descendants(worker)
+    finally:
+        owner.kill()
+        owner.wait()
+    start = time.monotonic()
+    while _alive({worker}):
+        assert time.monotonic() - start < 5, "the worker outlived its server"
+        time.sleep(0.05)
+    assert _owned_by(worker, patchgym_home) == [] and _alive(below) == set() and not _marker_alive(marker)
+    left = _pool_cgroups(owner.pid)
+    pool = GradingPool(1, backend="local")
+    pool.close()
+    assert pool.group is None or len(left) == 2, "where pools make cgroups, a killed one's stay until the next"
+    assert [group for group in left if group.exists()] == []
