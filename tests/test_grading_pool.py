@@ -41,10 +41,12 @@ def test_submits_and_verify_are_graded_by_workers_with_a_cpu_share_of_their_own(
                 shares = (pool.group / "cpu.shares")
                 assert not shares.exists() or int(shares.read_text()) == 1000 * (os.cpu_count() or 1)
                 assert f"patchgym-serving-{os.getpid()}" in Path("/proc/self/cgroup").read_text()
+        # The server's end closed the pool: its exit handlers may never run (uvicorn re-raises SIGTERM).
+        assert pool._all == [] and _alive({worker}) == set()
+        assert pool.group is None or not pool.group.exists()
+        assert f"patchgym-serving-{os.getpid()}" not in Path("/proc/self/cgroup").read_text()
     finally:
         pool.close()
-    assert pool.group is None or not pool.group.exists()
-    assert f"patchgym-serving-{os.getpid()}" not in Path("/proc/self/cgroup").read_text()
 
 
 def _slow_patch(marker: str) -> str:
