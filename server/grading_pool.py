@@ -36,6 +36,7 @@ from typing import Any
 
 from patchgym.grading.cost import Prices
 from patchgym.grading.verifier import InstanceReport
+from patchgym.sandboxes.base import SandboxError
 from patchgym.sandboxes.lifetime import spawn
 from patchgym.sandboxes.reaper import is_alive
 from patchgym.server.grading_worker import EXIT_DEADLINE
@@ -54,8 +55,9 @@ STOP_WAIT = 5.0  # for one worker, not the pool: after its failure, or after SIG
 _returning_to: Path | None = None  # the cgroup this process leaves for the serving one
 
 
-class GradingWorkerError(RuntimeError):
-    """A grading worker died or answered nonsense (the server's failure, not the agent's)."""
+class GradingWorkerError(SandboxError):
+    """A grading worker died or answered nonsense, or the pool closed (the server's failure, not
+    the agent's): an infrastructure failure, as a server answers a :class:`SandboxError` (503)."""
 
 
 def cpu_groups(share: int) -> tuple[Path, Path] | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from patchgym.sandboxes.base import SandboxError
 from patchgym.server.app import create_app
 from patchgym.server.grading_pool import GradingPool, GradingWorkerError
 from patchgym.tasks.model import Task
@@ -143,6 +144,7 @@ def test_a_worker_terminated_mid_grading_closes_its_sandbox_and_is_replaced(calc
         assert time.monotonic() - start < 5
         thread.join(timeout=10)
         assert [type(e) for e in raised] == [GradingWorkerError], raised
+        assert isinstance(raised[0], SandboxError), "an infrastructure failure (a server's 503), not the agent's"
         assert _owned_by(pid, patchgym_home, backend) == [], "closed by the worker itself, not left for gc"
         assert _alive(below) == set() and not _marker_alive(marker)
         (replacement,) = pool._all
