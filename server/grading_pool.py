@@ -13,10 +13,13 @@ number of cores against the host's other processes, so the server is not squeeze
 process's share. Without such cgroups the pool still takes grading out of the server's process
 (and its interpreter lock), and a warning says so.
 
-Workers die with the server (:func:`patchgym.sandboxes.lifetime.spawn`: a death signal, and the
-sandboxes they made die with them); one that dies is replaced at the next call, which fails as an
-infrastructure error. The grading cgroup is removed when the pool closes (at exit at the latest);
-what a killed server left is removed by the next.
+Workers end with the server: SIGTERM from :meth:`GradingPool.close` (the server's lifespan end),
+or as their death signal when the server is killed (:func:`patchgym.sandboxes.lifetime.spawn`).
+Either way a worker abandons the grading under way and closes the sandbox it grades in before it
+ends (:mod:`.grading_worker`); one still there after :data:`CLOSE_WAIT` is SIGKILLed. A worker that
+dies is replaced at the next call; the grading it had fails with :class:`GradingWorkerError`, an
+infrastructure error. The cgroups are removed when the pool closes; what a killed server left is
+removed by the next pool.
 """
 
 from __future__ import annotations
