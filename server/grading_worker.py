@@ -14,7 +14,7 @@ grading is, so the verifier's own ``finally`` closes its sandbox; it is no :clas
 nothing in grading takes it for the patch's failure. Later signals are ignored (they would cut that
 cleanup in half), and :data:`EXIT_DEADLINE` bounds it: past it SIGALRM's default action ends the
 worker, and what is left is named for a dead pid, for gc. An answer being written is finished
-first, so the pool never reads half a frame; none is written once a signal came.
+first, so the pool never reads half a frame.
 """
 
 from __future__ import annotations
@@ -63,14 +63,14 @@ def read_frame(stream: BinaryIO) -> Any | None:
 
 
 def write_answer(stream: BinaryIO, answer: tuple[bool, Any]) -> None:
-    """Write ``answer`` as one whole frame, not cut by a signal (which is raised after it)."""
+    """Write ``answer`` as one whole frame, not cut by a signal (which is raised after it: the
+    grading was over, its answer counts)."""
     global _answering
     data = pickle.dumps(answer)
     _answering = True
     try:
-        if _signalled is None:
-            stream.write(len(data).to_bytes(8, "big") + data)
-            stream.flush()
+        stream.write(len(data).to_bytes(8, "big") + data)
+        stream.flush()
     finally:
         _answering = False
     if _signalled is not None:
