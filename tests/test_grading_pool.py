@@ -1,5 +1,6 @@
 """Grading off the serving path: a server with grading workers grades submits and /verify in
-worker processes with a CPU share of their own, the same grades as in-process (issue 38)."""
+worker processes with a CPU share of their own, the same grades as in-process (issue 38); a worker
+ended mid-grading (a signal, the pool's close, its server killed) leaves nothing behind."""
 
 from __future__ import annotations
 
