@@ -63,9 +63,15 @@ class SandboxUsage:
 
 def usage_of(sandbox: object) -> SandboxUsage:
     """``sandbox.usage()`` where the backend offers it (an optional part of the protocol, read
-    before ``close()``), else nothing measured."""
+    before ``close()``), else nothing measured. A sandbox that can no longer say (its server gone,
+    a request cut short) is not measured either: the close that follows must still happen."""
     usage = getattr(sandbox, "usage", None)
-    return usage() if callable(usage) else SandboxUsage()
+    if not callable(usage):
+        return SandboxUsage()
+    try:
+        return usage()
+    except SandboxError:
+        return SandboxUsage()
 
 
 class SandboxError(RuntimeError):

@@ -52,20 +52,23 @@ def setpriv_path() -> str | None:
     return shutil.which("setpriv")
 
 
-def parent_checked(argv: Sequence[str], starter: int | None = None, *, group: bool = False) -> list[str]:
+def parent_checked(argv: Sequence[str], starter: int | None = None, *, group: bool = False,
+                   death_signal: str = "KILL") -> list[str]:
     """``argv`` wrapped so that it dies when ``starter`` (by default this process) dies, and never
     runs at all if the starter died before the child could ask for that (exit 125).
 
     ``group=True``: the whole process group dies, not only the command; start it in a session of
-    its own (``start_new_session=True``). Where ``setpriv`` is missing, ``argv`` is returned
-    unchanged (the child would outlive a killed starter, as before this module)."""
+    its own (``start_new_session=True``). Otherwise ``death_signal`` is what the command gets: KILL,
+    or TERM for one that answers it by cleaning up and ending within a deadline of its own (a
+    grading worker). Where ``setpriv`` is missing, ``argv`` is returned unchanged (the child would
+    outlive a killed starter, as before this module)."""
     setpriv = setpriv_path()
     if setpriv is None:
         return list(argv)
     pid = os.getpid() if starter is None else starter
     if group:
         return [setpriv, "--pdeathsig", "TERM", "--", "/bin/sh", "-c", _SUPERVISE, str(pid), *argv]
-    return [setpriv, "--pdeathsig", "KILL", "--", "/bin/sh", "-c", _EXEC, str(pid), *argv]
+    return [setpriv, "--pdeathsig", death_signal, "--", "/bin/sh", "-c", _EXEC, str(pid), *argv]
 
 
 def kill_group(pid: int) -> None:
@@ -116,11 +119,12 @@ def _requests() -> queue.SimpleQueue:
         return _spawner[1]
 
 
-def spawn(argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:
-    """``subprocess.Popen(parent_checked(argv), **popen_kwargs)`` for a child that outlives the
-    call (a sandbox's init): started from a thread that lives as long as this process, so that
-    the child dies with the process, not with the thread that asked for it."""
-    start: Callable[[], subprocess.Popen] = lambda: subprocess.Popen(parent_checked(argv), **popen_kwargs)  # noqa: E731
+def spawn(argv: Sequence[str], *, death_signal: str = "KILL", **popen_kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(parent_checked(argv, death_signal=...), **popen_kwargs)`` for a child
+    that outlives the call (a sandbox's init): started from a thread that lives as long as this
+    process, so that the child dies with the process, not with the thread that asked for it."""
+    wrapped = parent_checked(argv, death_signal=death_signal)
+    start: Callable[[], subprocess.Popen] = lambda: subprocess.Popen(wrapped, **popen_kwargs)  # noqa: E731
     answer: queue.SimpleQueue = queue.SimpleQueue()
     _requests().put((start, answer))
     ok, result = answer.get()

@@ -114,7 +114,7 @@ def create_app(
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Before serving, remove what a killed server left (sandboxes, cgroups, containers); while
-    serving, close idle sessions; at shutdown, close every session."""
+    serving, close idle sessions; at shutdown, close every session and the grading workers."""
     service: EnvService = app.state.service
     await service.reap_leftovers()
     task = asyncio.create_task(reap_idle(service))
@@ -124,7 +124,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await service.manager.close_all()
+        await service.shutdown()
 
 
 async def reap_idle(service: EnvService) -> None:

@@ -270,6 +270,14 @@ class EnvService:
     async def close(self, session: Session, reason: str = CLOSED_BY_CLIENT) -> None:
         await self.manager.close(session, reason)
 
+    async def shutdown(self) -> None:
+        """Close every session, then the grading workers (the sandboxes they grade in, their
+        cgroups). Here, not at exit: uvicorn ends a SIGTERMed server by that signal again, and exit
+        handlers do not run then."""
+        await self.manager.close_all()
+        if isinstance(self.grader, GradingPool):
+            await anyio.to_thread.run_sync(self.grader.close)
+
     async def _operate(self, session: Session, fn: Any) -> Any:
         try:
             return await self.manager.operate(session, fn)

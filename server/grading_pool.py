@@ -13,10 +13,13 @@ number of cores against the host's other processes, so the server is not squeeze
 process's share. Without such cgroups the pool still takes grading out of the server's process
 (and its interpreter lock), and a warning says so.
 
-Workers die with the server (:func:`patchgym.sandboxes.lifetime.spawn`: a death signal, and the
-sandboxes they made die with them); one that dies is replaced at the next call, which fails as an
-infrastructure error. The grading cgroup is removed when the pool closes (at exit at the latest);
-what a killed server left is removed by the next.
+Workers end with the server: SIGTERM from :meth:`GradingPool.close` (the server's lifespan end),
+or as their death signal when the server is killed (:func:`patchgym.sandboxes.lifetime.spawn`).
+Either way a worker abandons the grading under way and closes the sandbox it grades in before it
+ends (:mod:`.grading_worker`); one still there after :data:`CLOSE_WAIT` is SIGKILLed. A worker that
+dies is replaced at the next call; the grading it had fails with :class:`GradingWorkerError`, an
+infrastructure error. The cgroups are removed when the pool closes; what a killed server left is
+removed by the next pool.
 """
 
 from __future__ import annotations
@@ -26,16 +29,20 @@ import logging
 import os
 import pickle
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from patchgym.grading.cost import Prices
 from patchgym.grading.verifier import InstanceReport
+from patchgym.sandboxes.base import SandboxError
 from patchgym.sandboxes.lifetime import spawn
 from patchgym.sandboxes.reaper import is_alive
+from patchgym.server.grading_worker import EXIT_DEADLINE
 from patchgym.tasks.model import Task
 
 log = logging.getLogger(__name__)
@@ -45,11 +52,15 @@ PREFIXES = ("patchgym-serving-", "patchgym-grading-")
 # Equal to the serving side's: half of contended cores, all of idle ones. A fifth (256) made submits 2-15x slower
 # than inline grading on a saturated host (bench/README.md): rewards matter to a trainer as much as steps.
 DEFAULT_CPU_SHARE = 1024
+# A worker told to stop closes the sandbox it grades in within its own deadline; then it is SIGKILLed.
+CLOSE_WAIT = EXIT_DEADLINE + 5.0
+STOP_WAIT = 5.0  # for one worker, not the pool: after its failure, or after SIGKILL
 _returning_to: Path | None = None  # the cgroup this process leaves for the serving one
 
 
-class GradingWorkerError(RuntimeError):
-    """A grading worker died or answered nonsense (the server's failure, not the agent's)."""
+class GradingWorkerError(SandboxError):
+    """A grading worker died or answered nonsense, or the pool closed (the server's failure, not
+    the agent's): an infrastructure failure, as a server answers a :class:`SandboxError` (503)."""
 
 
 def cpu_groups(share: int) -> tuple[Path, Path] | None:
@@ -108,8 +119,9 @@ class _Worker:
     this server's own child)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
+        # A death signal it answers by closing the sandbox it grades in, as it answers close().
         self.proc = spawn([sys.executable, "-m", "patchgym.server.grading_worker"], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE)
+                          stdout=subprocess.PIPE, death_signal="TERM")
         self._send(config)
 
     def _send(self, value: Any) -> None:
@@ -131,17 +143,46 @@ class _Worker:
             raise value
         return value
 
-    def close(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
+    def terminate(self) -> None:
+        """Ask the process to end: SIGTERM, which abandons a grading under way and closes its
+        sandbox (:mod:`.grading_worker`)."""
+        self._close_stdin()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def _close_stdin(self) -> None:
         try:
-            self.proc.wait(timeout=30)
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:  # a pipe the worker closed first, with a request not yet flushed
+            pass
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the process until ``deadline`` (monotonic), then SIGKILL it: never longer."""
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            log.warning("grading worker %d did not end in time after SIGTERM: killed", self.proc.pid)
             self.proc.kill()
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=STOP_WAIT)
+            except subprocess.TimeoutExpired:  # unkillable (a hung mount): not waited for
+                log.error("grading worker %d survives SIGKILL", self.proc.pid)
+
+    def close(self) -> None:
+        """End the process and close its answers' pipe: only from the thread that reads it, or
+        while none does (a close waits for a read under way). At its stdin's end an idle worker
+        ends, and one whose answer failed is most likely ending already (exit handlers after its
+        answers' pipe closed): a SIGTERM then would cut those short, so it comes only later."""
+        self._close_stdin()
+        try:
+            self.proc.wait(timeout=STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            self.terminate()
+            self.reap(time.monotonic() + STOP_WAIT)
+        try:
+            self.proc.stdout.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
 
 
 class GradingPool:
@@ -158,7 +199,8 @@ class GradingPool:
         self._config = {"group": str(self.group) if self.group else None, "backend": backend,
                         "sandbox_options": dict(sandbox_options or {}), "partial_credit": partial_credit,
                         "prices": prices or Prices(), "tampering_reward": tampering_reward}
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        # Idle workers; None once closed (each waiter that takes it puts it back for the next).
+        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -166,31 +208,66 @@ class GradingPool:
             self._add()
         atexit.register(self.close)
 
+    def _take_idle(self) -> _Worker | None:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            return None
+
     def _add(self) -> None:
         worker = _Worker(self._config)
         with self._lock:
-            self._all.append(worker)
-        self._idle.put(worker)
+            if not self._closed:
+                self._all.append(worker)
+                self._idle.put(worker)
+                return
+        worker.close()  # the pool closed while it started
 
     def verify(self, task: Task, patch: str, *, run_empty: bool = False) -> InstanceReport:
-        """Grade ``patch`` in a worker (blocks the calling thread, not the server's cores)."""
+        """Grade ``patch`` in a worker (blocks the calling thread, not the server's cores). Raises
+        :class:`GradingWorkerError` when the worker dies under it (the pool closing, a kill) or the
+        pool is closed."""
         worker = self._idle.get()
+        if worker is None:
+            self._idle.put(None)
+            raise GradingWorkerError("the grading pool is closed")
         try:
             report = worker.call(task, patch, run_empty)
         except GradingWorkerError:
-            with self._lock:
-                self._all.remove(worker)
-            worker.close()
-            if not self._closed:
-                self._add()  # the pool stays whole; this grading failed
+            self._drop(worker)
             raise
-        self._idle.put(worker)
+        with self._lock:
+            if not self._closed:
+                self._idle.put(worker)
+                return report
+        worker.close()  # closed under this grading: its answer still counts
         return report
 
+    def _drop(self, worker: _Worker) -> None:
+        """A worker that failed goes; a new one takes its place while the pool is open."""
+        with self._lock:
+            if worker in self._all:
+                self._all.remove(worker)
+        worker.close()
+        if not self._closed:
+            self._add()  # the pool stays whole; this grading failed
+
     def close(self) -> None:
+        """End every worker (SIGTERM, then SIGKILL past :data:`CLOSE_WAIT`; never longer) and
+        remove the cgroups. A grading under way fails with :class:`GradingWorkerError` in its
+        caller, whose thread closes that worker's pipe."""
         with self._lock:
             self._closed, workers, self._all = True, self._all, []
+        idle = []
+        while (worker := self._take_idle()) is not None:
+            idle.append(worker)
+        self._idle.put(None)  # wakes, and fails, every call waiting for a worker
         for worker in workers:
+            worker.terminate()
+        deadline = time.monotonic() + CLOSE_WAIT
+        for worker in workers:
+            worker.reap(deadline)
+        for worker in idle:
             worker.close()
         if self.group is not None:
             _remove(self.group)

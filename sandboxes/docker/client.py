@@ -122,6 +122,16 @@ def owner_id() -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
 
 
+def kill_container(container) -> None:
+    """SIGKILL a container's processes (its main one first); the engine then removes it
+    (``auto_remove``). A container already gone is fine; a failure is logged, and the retirement
+    watch removes the container after its grace."""
+    try:
+        container.kill()
+    except Exception as exc:  # gone already, or the engine failed: said, not raised (a close)
+        log.debug("killing container %s: %s", getattr(container, "id", "?")[:12], exc)
+
+
 def remove_container(container, *, attempts: int = 3) -> bool:
     """Remove a container and its anonymous volumes; False when it was not there to remove (gone
     already, or being removed by someone else: auto_remove, another gc) or the engine kept failing.

@@ -42,6 +42,9 @@ class ServerConnection:
         self._closer = closer
         self._buffer = bytearray()
         self._stderr = bytearray()
+        # Set while a request's answer is unread: a request cut short (a timeout, a signal's
+        # exception) leaves its answer on the stream, where the next request would read it as its own.
+        self._unanswered = False
 
     def wait_ready(self, timeout: float) -> None:
         """Wait for the server's greeting (sent once /testbed is filled)."""
@@ -50,12 +53,21 @@ class ServerConnection:
             raise SandboxError(f"the container's command server did not start: {fields!r}")
 
     def request(self, op: bytes, fields: tuple[bytes, ...], timeout: float) -> list[bytes]:
-        """Send one request; its answer's fields, or :class:`~patchgym.sandboxes.wire.ServerError`."""
+        """Send one request; its answer's fields, or :class:`~patchgym.sandboxes.wire.ServerError`.
+        After a request cut short, :class:`SandboxError` at once: the stream is out of step."""
+        if self._unanswered:
+            raise SandboxError("the container's command server is out of step: an earlier request was cut short")
+        self._unanswered = True
         try:
             self._sock.sendall(encode(op, *fields))
         except OSError as exc:
             raise SandboxError(f"lost the container's command server: {exc}") from None
         return self._answer(time.monotonic() + timeout, "the container's command server stopped answering")
+
+    @property
+    def in_step(self) -> bool:
+        """No request's answer is left unread (none was cut short)."""
+        return not self._unanswered
 
     def close(self) -> None:
         for closer in (self._sock.close, self._closer):
@@ -67,8 +79,10 @@ class ServerConnection:
 
     def _answer(self, deadline: float, late: str) -> list[bytes]:
         size = int.from_bytes(self._read(4, deadline, late), "big")
+        body = self._read(size, deadline, late)
+        self._unanswered = False  # in step again
         try:
-            return answer_fields(self._read(size, deadline, late))
+            return answer_fields(body)
         except MalformedAnswer:
             raise SandboxError("the container's command server sent a malformed answer") from None
 

@@ -26,6 +26,7 @@ from patchgym.sandboxes.base import (
     SandboxSpec,
     SandboxUsage,
 )
+from patchgym.sandboxes.docker.client import kill_container
 from patchgym.sandboxes.docker.containers import DEFAULT_LIFETIME, WORKDIR, start_container
 from patchgym.sandboxes.docker.pool import WarmPool
 from patchgym.sandboxes.docker.retire import retirements
@@ -129,6 +130,8 @@ class DockerSandbox(ClosesItself):
             if self._closed:
                 return
             self._closed = True
+            if not self._conn.in_step:  # a request cut short: its command may still run, and the
+                kill_container(self.container)  # server reads its stream's end only between commands
             # The server ends with its stream and the engine removes the container; one that is
             # still there after a grace is removed then (retire.py), off the caller's time.
             retirements.retire(self.container, self._conn)
