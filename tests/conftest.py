@@ -22,6 +22,22 @@ GIT_ENV = {
     "GIT_AUTHOR_NAME": "Fixture", "GIT_AUTHOR_EMAIL": "fixture@patchgym.invalid",
     "GIT_COMMITTER_NAME": "Fixture", "GIT_COMMITTER_EMAIL": "fixture@patchgym.invalid",
 }
+# Seconds spent per test file (setup, call and teardown), listed at the end of every run: the suite must stay
+# under 25 minutes on 2 cores, and --durations names single tests, not the files that add up.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _FILE_SECONDS:
+        return
+    terminalreporter.write_sep("=", "slowest test files (setup + call + teardown)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
 
 def git(repo: Path, *args: str, date: str = "2026-01-01T00:00:00Z") -> str:
