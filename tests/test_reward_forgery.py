@@ -3,7 +3,8 @@
 Every attack below is data: a name, a builder making the patch from the task (and a clean checkout
 of its repository), and the reason the grader must give for refusing it. Each runs on two bundled
 tasks (semverkit-1, textable-1) and on both backends (docker cases skip without an engine, fail with
-``PATCHGYM_REQUIRE_DOCKER=1``). Every case asserts reward 0, not resolved, not an infrastructure
+``PATCHGYM_REQUIRE_DOCKER=1``), in two of the four pairs (:data:`PAIRINGS`: each task on one backend, the
+other on the other, alternating by attack). Every case asserts reward 0, not resolved, not an infrastructure
 failure (a policy must not be able to have its failures masked), and the reason:
 
 * ``Ignored(paths)``  -- the filter dropped these paths (``report.ignored_paths``);
@@ -42,6 +43,10 @@ from patchgym.tasks.catalog import TaskSet, repo_source
 from patchgym.tasks.model import Task
 
 TASK_IDS = ("patchgym__semverkit-1", "patchgym__textable-1")
+# Where an attack runs: every attack on each task and on each backend, in two pairs of them (one task on
+# local and the other on docker, the other way round for the next attack): half the gradings of all four
+# pairs (252 -> 126, ~2.5 minutes of the suite's 25), and the four pairs all taken by the attacks as a whole.
+PAIRINGS = (((TASK_IDS[0], "local"), (TASK_IDS[1], "docker")), ((TASK_IDS[1], "local"), (TASK_IDS[0], "docker")))
 
 
 # -- reasons ------------------------------------------------------------------------------------
@@ -1178,7 +1183,9 @@ def verifier(backend) -> Verifier:
 
 # -- the attacks --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("attack", [pytest.param(a, id=a.name, marks=a.marks) for a in ATTACKS])
+@pytest.mark.parametrize("attack, task, backend", [
+    pytest.param(a, task_id, backend, id=f"{a.name}-{task_id}-{backend}", marks=a.marks)
+    for i, a in enumerate(ATTACKS) for task_id, backend in PAIRINGS[i % 2]], indirect=["task", "backend"])
 def test_patch_attack_gets_no_reward(attack: Attack, task, repo, verifier):
     patch = attack.build(task, repo)
     report = verifier.verify(task, patch)
