@@ -29,8 +29,10 @@ own canaries then.
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from patchgym.grading.pyast import parse as parse_python
@@ -90,7 +92,7 @@ class Mutation:
     text: str
 
 
-def _mutations(node: ast.Assert, lines: list[bytes]) -> list[Mutation]:
+def _mutations(node: ast.Assert, lines: Sequence[bytes]) -> list[Mutation]:
     """How to make ``assert ...`` fail where it held (a text replacement): its test negated, by
     the inverse operator where it is one comparison, else by ``not`` added or taken away. Never a
     changed constant: ``x == 3`` and ``x == 4`` can both hold (``mock.ANY``, dirty-equals'
@@ -123,14 +125,14 @@ def _mutations(node: ast.Assert, lines: list[bytes]) -> list[Mutation]:
     return out
 
 
-def _text(lines: list[bytes], start: tuple[int, int], end: tuple[int, int]) -> bytes:
+def _text(lines: Sequence[bytes], start: tuple[int, int], end: tuple[int, int]) -> bytes:
     (l1, c1), (l2, c2) = start, end
     if l1 == l2:
         return lines[l1 - 1][c1:c2]
     return lines[l1 - 1][c1:] + b"".join(lines[l1:l2 - 1]) + lines[l2 - 1][:c2]
 
 
-def function_text(node: ast.FunctionDef, lines: list[bytes], name: str,
+def function_text(node: ast.FunctionDef, lines: Sequence[bytes], name: str,
                    mutation: Mutation | None) -> str:
     """The function's source (decorators included) renamed to ``name``, with ``mutation`` made."""
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
@@ -150,61 +152,106 @@ def function_text(node: ast.FunctionDef, lines: list[bytes], name: str,
 _WORD = re.compile(r"[A-Za-z][a-z0-9]*|[0-9]+")
 
 
-def name_maker(tree: ast.Module, rng: random.Random):
-    """A function giving new test names in the module's own style: its prefix (``test_``,
-    ``test``), its separator (``_`` or camel case), its words in the orders its names use them
-    (a walk from word to a word that follows it in one of its names); never a name bound
-    anywhere in the module, nor one given."""
+@dataclass(frozen=True)
+class TestModule:
+    """A test module's source read once (:func:`read_module`): every grading of the same hidden
+    file (thousands, in training) shares its tree and its names instead of walking it again (a
+    walk of a large test module costs milliseconds). Nothing here is changed by its users."""
+
+    tree: ast.Module
+    lines: tuple[bytes, ...]  # keepends; the last one ends with a newline
+    defined: tuple[str, ...]  # the module-level functions' and classes' names, in order
+    uses: dict[str, int]  # each name's uses other than where it is defined (Name, attribute, identifier-like text)
+    taken: frozenset[str]  # names bound anywhere in the module (Name, def, class)
+    shapes: tuple[tuple[str, tuple[str, ...]], ...]  # each test name's separator and lowercase words
+    follows: dict[str | None, tuple[str | None, ...]]  # which word follows which in them (None: the start, the end)
+
+    def name_maker(self, rng: random.Random):
+        """A function giving new test names in the module's own style: its prefix (``test_``,
+        ``test``), its separator (``_`` or camel case), its words in the orders its names use them
+        (a walk from word to a word that follows it in one of its names); never a name bound
+        anywhere in the module, nor one given."""
+        taken, shapes, follows = set(self.taken), self.shapes, self.follows
+        vocabulary = [w for _, words in shapes for w in words]
+        longest = max((len(words) for _, words in shapes), default=2)
+
+        random_float = rng.random
+
+        def pick(options):  # rng.choice's distribution at a fifth of its cost: a name takes ~20 walks
+            return options[int(random_float() * len(options))]
+
+        def walk() -> list[str]:
+            words: list[str] = []
+            word = pick(follows[None])
+            while word is not None and word not in words and len(words) < longest:
+                words.append(word)
+                word = pick(follows.get(word) or (None,))
+            return words
+
+        def make() -> str:
+            for attempt in range(400):
+                sep, words = rng.choice(shapes)
+                if attempt < 200:
+                    chosen = walk()
+                else:  # a module whose names a walk only repeats: its words in new orders
+                    chosen = rng.sample(vocabulary, min(max(2, len(words)) + attempt // 100, len(vocabulary)))
+                if len(chosen) < 2 or len(set(chosen)) < len(chosen):
+                    continue
+                name = ("test_" + "_".join(chosen)) if sep else ("test" + "".join(w.capitalize() for w in chosen))
+                if name not in taken:
+                    taken.add(name)
+                    return name
+            raise ValueError("no free name")
+
+        return make
+
+
+@functools.lru_cache(maxsize=64)
+def read_module(source: bytes) -> TestModule | None:
+    """``source`` parsed and its names read in one walk; None when it is not Python this
+    interpreter parses, or empty."""
+    try:
+        tree = parse_python(source)
+    except (SyntaxError, ValueError):
+        return None
+    lines = source.splitlines(keepends=True)
+    if not lines:
+        return None
+    if not lines[-1].endswith(b"\n"):
+        lines[-1] += b"\n"
     taken: set[str] = set()
     tests: list[str] = []
-    for node in ast.walk(tree):  # once: a walk of a large test module costs milliseconds
+    uses: dict[str, int] = {}
+    for node in ast.walk(tree):
+        used = None
         if isinstance(node, ast.Name):
             taken.add(node.id)
+            used = node.id
+        elif isinstance(node, ast.Attribute):
+            used = node.attr
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            used = node.value
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             taken.add(node.name)
             if not isinstance(node, ast.ClassDef) and node.name.startswith("test"):
                 tests.append(node.name)
-    shapes: list[tuple[str, list[str]]] = []
+        if used is not None:
+            uses[used] = uses.get(used, 0) + 1
+    shapes: list[tuple[str, tuple[str, ...]]] = []
     for name in tests:
         rest = name[4:]
-        if rest.startswith("_"):
-            shapes.append(("_", [w for w in rest[1:].split("_") if w]))
-        elif rest:
-            shapes.append(("", _WORD.findall(rest)))
-    shapes = [(sep, [w.lower() for w in words]) for sep, words in shapes if words]
-    vocabulary = [w for _, words in shapes for w in words]
+        words = [w for w in rest[1:].split("_") if w] if rest.startswith("_") else _WORD.findall(rest)
+        if words:
+            shapes.append(("_" if rest.startswith("_") else "", tuple(w.lower() for w in words)))
     # Which word follows which in the module's names (None: the name ends), for names that read
     # like its own: a walk through them joins two real names where they share a word.
     follows: dict[str | None, list[str | None]] = {}
     for _, words in shapes:
         for before, after in zip([None, *words], [*words, None], strict=True):
             follows.setdefault(before, []).append(after)
-    longest = max((len(words) for _, words in shapes), default=2)
-
-    def walk() -> list[str]:
-        words: list[str] = []
-        word = rng.choice(follows[None])
-        while word is not None and word not in words and len(words) < longest:
-            words.append(word)
-            word = rng.choice(follows.get(word) or [None])
-        return words
-
-    def make() -> str:
-        for attempt in range(400):
-            sep, words = rng.choice(shapes)
-            if attempt < 200:
-                chosen = walk()
-            else:  # a module whose names a walk only repeats: its words in new orders
-                chosen = rng.sample(vocabulary, min(max(2, len(words)) + attempt // 100, len(vocabulary)))
-            if len(chosen) < 2 or len(set(chosen)) < len(chosen):
-                continue
-            name = ("test_" + "_".join(chosen)) if sep else ("test" + "".join(w.capitalize() for w in chosen))
-            if name not in taken:
-                taken.add(name)
-                return name
-        raise ValueError("no free name")
-
-    return make
+    defined = tuple(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+    return TestModule(tree, tuple(lines), defined, uses, frozenset(taken), tuple(shapes),
+                      {k: tuple(v) for k, v in follows.items()})
 
 
 def _starts_after(tree: ast.Module, line: int, total: int) -> list[int]:
@@ -222,16 +269,10 @@ def make_copies(source: bytes, passing: set[str], failing: set[str], rng: random
     """Canaries for a module with content ``source``: copies of its module-level test functions
     named in ``passing`` (function names whose every graded id passes at the base commit) and not
     in ``failing``; empty when none of them has an assertion that can be made to fail."""
-    try:
-        tree = parse_python(source)
-    except (SyntaxError, ValueError):
+    module = read_module(source)
+    if module is None:
         return []
-    lines = source.splitlines(keepends=True)
-    if not lines:
-        return []
-    if not lines[-1].endswith(b"\n"):
-        lines[-1] += b"\n"
-    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    tree, lines, defined = module.tree, module.lines, module.defined
     candidates = [n for n in tree.body if copyable(n) and n.name in passing and n.name not in failing
                   and defined.count(n.name) == 1]
     mutable: list[tuple[ast.FunctionDef, list[Mutation]]] = []
@@ -244,7 +285,7 @@ def make_copies(source: bytes, passing: set[str], failing: set[str], rng: random
     if not mutable:
         return []
     try:
-        new_name = name_maker(tree, rng)
+        new_name = module.name_maker(rng)
         rng.shuffle(mutable)
         wanted_fail = 3 + rng.randrange(4)
         count = 1 + rng.randrange(min(3, len(mutable)))

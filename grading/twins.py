@@ -4,7 +4,7 @@ A forger in the test process fakes the tests it must (the FAIL_TO_PASS ones) and
 canaries, if anything tells them apart. Here nothing does, and choosing needs the right answer:
 
 * every module-level FAIL_TO_PASS test function (its name bound nowhere else in its module) is
-  renamed for the run by the module's own name generator (:func:`.canary_copies.name_maker`, the
+  renamed for the run by the module's own name generator (:meth:`.canary_copies.TestModule.name_maker`, the
   canaries' too), and mapped back to its official id outside the sandbox;
 * where one of its assertions compares with a literal (``assert f(x) == 3``, ``assert "a" == s``,
   ``assert f() == ["a", 2]``: one number, text or bytes of a container changed;
@@ -34,9 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
-from patchgym.grading.canary_copies import Mutation, copyable, exits_early, function_text, name_maker
+from patchgym.grading.canary_copies import Mutation, copyable, exits_early, function_text, read_module
 from patchgym.grading.outcome import TestStatus
-from patchgym.grading.pyast import parse as parse_python
 
 TWINS = (2, 4)  # how many twins a test gets, at least and at most
 STEPS = (2, 9)  # an integer group's step: never 1 (an off-by-one answer is a likely honest mistake)
@@ -136,22 +135,16 @@ def make_twins(sources: dict[str, bytes | None], failing: Iterable[str], rng: ra
 
 
 def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random, result: Twins) -> None:
-    try:
-        tree = parse_python(source)
-    except (SyntaxError, ValueError):
+    module = read_module(source)
+    if module is None:
         return
-    lines = source.splitlines(keepends=True)
-    if not lines:
-        return
-    if not lines[-1].endswith(b"\n"):
-        lines[-1] += b"\n"
-    bound = _names_used(tree)
-    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in failing
-             and defined.count(n.name) == 1 and bound.get(n.name, 0) == 0]
+    lines, defined, uses = module.lines, module.defined, module.uses
+    # A renamed test must be referred to nowhere: a decorator, a call, a text that names it.
+    nodes = [n for n in module.tree.body if isinstance(n, ast.FunctionDef) and n.name in failing
+             and defined.count(n.name) == 1 and uses.get(n.name, 0) == 0]
     if not nodes:
         return
-    new_name = name_maker(tree, rng)
+    new_name = module.name_maker(rng)
     replaced: list[tuple[int, int, bytes]] = []  # (first line, last line) 1-based -> new text
     renamed: dict[str, str] = {}
     twins: dict[str, tuple[str, ...]] = {}
@@ -177,24 +170,7 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
     result.files[path] = b"".join(out)
 
 
-def _names_used(tree: ast.Module) -> dict[str, int]:
-    """How often each name is used in the module other than where a function is defined (a renamed
-    test must be referred to nowhere: a decorator, a call, a string that names it)."""
-    counts: dict[str, int] = {}
-    for node in ast.walk(tree):
-        name = None
-        if isinstance(node, ast.Name):
-            name = node.id
-        elif isinstance(node, ast.Attribute):
-            name = node.attr
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
-            name = node.value
-        if name is not None:
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def _group(node: ast.FunctionDef, lines: list[bytes], rng: random.Random) -> list[Mutation] | None:
+def _group(node: ast.FunctionDef, lines: Sequence[bytes], rng: random.Random) -> list[Mutation] | None:
     """The literal of one of ``node``'s assertions spelled as each member of its group, the test's
     own value first; None when the test has no literal to change."""
     if not copyable(node) or exits_early(node):
