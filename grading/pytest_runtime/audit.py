@@ -61,6 +61,7 @@ interpreter, from which the harness reports the hook as missing (``protections_m
 
 import fnmatch
 import gc
+import itertools
 import operator
 import os
 import sys
@@ -103,6 +104,8 @@ RUNNER_PREFIXES = ("_pytest", "pytest", "pluggy", "patchgym")
 # objects). ``object``'s own hash is the object's address, rotated: one key per live object, whatever
 # its type defines, and no type can replace it.
 identity = object.__hash__
+_chain = itertools.chain.from_iterable
+_consts = operator.attrgetter("co_consts")
 
 
 # What grading.patches.is_test_or_config calls a test file (the runtime cannot import
@@ -267,17 +270,18 @@ class Policy:
         code_type = types.CodeType
         self._trust_codes([code for code in gc.get_referents(*functions) if type(code) is code_type])
 
-    def _trust_codes(self, stack):
-        """Trust ``stack``'s code objects and the code nested in them, by identity."""
+    def _trust_codes(self, level):
+        """Trust ``level``'s code objects and the code nested in them, by identity: a level of
+        nesting at a time, each in a few calls into C (ten thousand code objects at every start)."""
         code_type, seen, pinned = types.CodeType, self.trusted_codes, self._pinned
-        while stack:
-            code = stack.pop()
-            key = identity(code)
-            if key in seen:
-                continue
-            seen.add(key)
-            pinned.append(code)
-            stack.extend(c for c in code.co_consts if type(c) is code_type)
+        while level:
+            new = dict(zip(map(identity, level), level))  # noqa: B905  (zip has no strict before 3.10)
+            for key in seen.intersection(new):
+                del new[key]
+            seen.update(new)
+            level = list(new.values())
+            pinned.extend(level)
+            level = [c for c in _chain(map(_consts, level)) if type(c) is code_type]
 
     def register_module(self, code, caller):
         """A module's code is executed (``exec``): trust it by identity if it is a trusted file's
