@@ -325,7 +325,8 @@ def main():
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(HERE)]
     sys.meta_path.insert(0, StdlibFirst())
     # A subreaper that writes the results file once every process of the run is dead (supervisor.py).
-    fd = load_runtime_module("supervisor").supervise(results)
+    supervisor = load_runtime_module("supervisor")
+    fd = supervisor.supervise(results)
     try:
         effects = load_runtime_module("effects")
         reporter_module = load_runtime_module("reporter")
@@ -357,7 +358,7 @@ def main():
         traceback.print_exc()
         code = INTERNAL_ERROR
     reporter.exit(code)
-    return code
+    supervisor.end(code)
 
 
 if __name__ == "__main__":

@@ -366,7 +366,8 @@ def main():
     bootstrap = _load_bootstrap()
     prefix = bootstrap.bytecode_prefix(os.environ.pop(bootstrap.PREFIX_ENV, None))
     sys.meta_path.insert(0, bootstrap.StdlibFirst())
-    fd = bootstrap.load_runtime_module("supervisor").supervise(results)
+    supervisor = bootstrap.load_runtime_module("supervisor")
+    fd = supervisor.supervise(results)
     try:
         writer = bootstrap.load_runtime_module("records").Writer(fd)
         records = Records(writer)
@@ -404,7 +405,7 @@ def main():
     except Exception:
         pass
     records.exit(code)
-    return code
+    supervisor.end(code)
 
 
 if __name__ == "__main__":

@@ -23,11 +23,15 @@ Standard library only, Python 3.6+: this runs under the task's interpreter. ``ct
 in the parent, before the child runs anything of the repository's; never in the child.
 """
 
+import atexit
 import json
 import os
 import signal
 import sys
 
+# Bound when the runtime loads, before the repository is importable.
+_exit = os._exit
+_run_exitfuncs = atexit._run_exitfuncs
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 FAILED = "patchgym-supervisor:"
@@ -62,6 +66,28 @@ def supervise(results):
         except Exception:
             pass
     os._exit(code)
+
+
+def end(code):
+    """End the runner (the child) as Python's own exit does, less the teardown: its threads that
+    are not daemons joined and its ``atexit`` functions run (code under test sees both, and what a
+    forger does there must still reach the harness: a status changed after the last record), the
+    standard streams flushed, then ``os._exit(code)``. Tearing the interpreter down, every module's
+    objects freed one by one, cost ~38 ms of a ~400 ms grading of a small repository and decides
+    nothing: the records are written, the supervisor writes the results."""
+    threading = sys.modules.get("threading")  # as the interpreter's own exit finds it
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except Exception:
+            pass
+    _run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    _exit(code)
 
 
 def _protect():
