@@ -27,6 +27,7 @@ largest concurrency whose median bash-step p99 stays under ``--p99-limit`` secon
     python bench/server_load.py [--sessions 64] [--steps 20] [--repeats 3] [--json FILE]
     python bench/server_load.py --find-max [--max 512] [--p99-limit 1.0] [--resolution 16]
     python bench/server_load.py --compare-grading 16,64,128 [--grading-workers N] [--steps 20] [--repeats 3]
+        [--episodes 3]
 
 ``--compare-grading`` measures only where grading runs (issue 38): two servers, one grading in its
 threads (``--grading-workers 0``) and one in its grading workers, and that second one with
@@ -791,7 +792,8 @@ def compare_grading(task_set: TaskSet, args: argparse.Namespace, log_dir: Path) 
                 for mode in order:
                     url, pid = servers[mode]
                     load = round(os.getloadavg()[0], 1)
-                    summary = run_remote(url, pid, task_ids, n, args, submit=mode != "elsewhere").summary()
+                    summary = run_remote(url, pid, task_ids, n, args, submit=mode != "elsewhere",
+                                         episodes_per_worker=args.episodes).summary()
                     column[mode] = {"bash_p50_ms": summary["bash"].get("p50_ms"),
                                     "bash_p99_ms": summary["bash"].get("p99_ms"),
                                     "submit_p50_ms": summary["submit"].get("p50_ms"),
@@ -848,6 +850,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="bash steps per session (then a submit)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians reported")
     parser.add_argument("--think", type=float, default=0.0, help="seconds each session waits before a step")
+    parser.add_argument("--episodes", type=int, default=1,
+                        help="--compare-grading: sessions each worker runs back to back (more than 1: the steps of "
+                             "later sessions overlap the gradings of earlier ones)")
     parser.add_argument("--tasks", help="task file or directory (default: the bundled catalog)")
     parser.add_argument("--task", action="append", help="only this task id (repeatable; default: all, round-robin)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one HTTP request may take")

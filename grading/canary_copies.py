@@ -153,7 +153,7 @@ _WORD = re.compile(r"[A-Za-z][a-z0-9]*|[0-9]+")
 
 
 @dataclass(frozen=True)
-class TestModule:
+class ParsedModule:
     """A test module's source read once (:func:`read_module`): every grading of the same hidden
     file (thousands, in training) shares its tree and its names instead of walking it again (a
     walk of a large test module costs milliseconds). Nothing here is changed by its users."""
@@ -206,8 +206,8 @@ class TestModule:
         return make
 
 
-@functools.lru_cache(maxsize=64)
-def read_module(source: bytes) -> TestModule | None:
+@functools.lru_cache(maxsize=16)  # a large test module's tree is megabytes: the files a run grades over and over
+def read_module(source: bytes) -> ParsedModule | None:
     """``source`` parsed and its names read in one walk; None when it is not Python this
     interpreter parses, or empty."""
     try:
@@ -250,7 +250,7 @@ def read_module(source: bytes) -> TestModule | None:
         for before, after in zip([None, *words], [*words, None], strict=True):
             follows.setdefault(before, []).append(after)
     defined = tuple(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
-    return TestModule(tree, tuple(lines), defined, uses, frozenset(taken), tuple(shapes),
+    return ParsedModule(tree, tuple(lines), defined, uses, frozenset(taken), tuple(shapes),
                       {k: tuple(v) for k, v in follows.items()})
 
 

@@ -4,7 +4,7 @@ A forger in the test process fakes the tests it must (the FAIL_TO_PASS ones) and
 canaries, if anything tells them apart. Here nothing does, and choosing needs the right answer:
 
 * every module-level FAIL_TO_PASS test function (its name bound nowhere else in its module) is
-  renamed for the run by the module's own name generator (:meth:`.canary_copies.TestModule.name_maker`, the
+  renamed for the run by the module's own name generator (:meth:`.canary_copies.ParsedModule.name_maker`, the
   canaries' too), and mapped back to its official id outside the sandbox;
 * where one of its assertions compares with a literal (``assert f(x) == 3``, ``assert "a" == s``,
   ``assert f() == ["a", 2]``: one number, text or bytes of a container changed;
