@@ -438,14 +438,17 @@ class _Search:
             sandbox = local.sandbox = self.workers.factory(self.fast_task)
             local.uses = 0
         local.uses += 1
+        # Put back after the run, each once: the test files (the run renames their tests, grading.twins:
+        # the next run in this sandbox would ask for names they no longer have and collect nothing),
+        # the canaries' module (usually one of them; None: it was not there) and the mutated file.
+        saved: dict[str, bytes | str | None] = {file: sandbox.read_file(file) for file in files_of(tests)}
         canary = integrity.canary_path(tests)
-        try:
-            saved: bytes | None = sandbox.read_file(canary)
-        except FileNotFoundError:
-            saved = None
-        # The run renames the tests in their files (grading.twins): put back too, or the next run in
-        # this sandbox asks for names its files no longer have (and collects nothing).
-        test_files = {file: sandbox.read_file(file) for file in files_of(tests)}
+        if canary not in saved:
+            try:
+                saved[canary] = sandbox.read_file(canary)
+            except FileNotFoundError:
+                saved[canary] = None
+        saved[path] = self.sources[path]
         sandbox.write_file(path, source)
         cache = shlex.quote(str(PurePosixPath(path).parent / "__pycache__"))
         sandbox.exec(f"rm -rf {cache}", timeout=60)
@@ -454,14 +457,11 @@ class _Search:
             run = run_tests(sandbox, self.fast_task.test_spec, tests)
         finally:
             try:
-                sandbox.write_file(path, self.sources[path])
-                for file, content in test_files.items():
-                    sandbox.write_file(file, content)
-                if saved is None:
-                    sandbox.exec(f"rm -f {shlex.quote(canary)}", timeout=60)
-                else:
-                    sandbox.write_file(canary, saved)
-                sandbox.exec("rm -rf .patchgym-*", timeout=60)
+                for file, content in saved.items():
+                    if content is not None:
+                        sandbox.write_file(file, content)
+                gone = [shlex.quote(file) for file, content in saved.items() if content is None]
+                sandbox.exec(f"rm -rf .patchgym-* {' '.join(gone)}", timeout=60)
             except (SandboxError, OSError):
                 run = None
             if run is None or run.timed_out or run.error:
