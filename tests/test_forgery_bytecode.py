@@ -212,10 +212,12 @@ def test_bytecode_in_the_tree_is_not_read_by_a_command_the_runtime_does_not_take
     assert run.statuses and not (set(task.FAIL_TO_PASS) & run.passed), run.output[-3000:]
 
 
-def test_the_prefix_is_left_alone_only_where_pytest_is_the_repository(monkeypatch):
+def test_the_prefix_is_left_alone_only_where_pytest_is_the_repository(monkeypatch, tmp_path):
     """pytest-dev/pytest rows test pytest's own pyc writing in process: no prefix there."""
     import _pytest
 
+    # Not the directory the suite runs in: a venv made inside the checkout holds this pytest.
+    monkeypatch.setattr(bootstrap, "WORKSPACE", str(tmp_path))
     assert not bootstrap.runner_is_the_repository()
     monkeypatch.setattr(bootstrap, "WORKSPACE", os.path.dirname(os.path.dirname(_pytest.__file__)))
     assert bootstrap.runner_is_the_repository()
