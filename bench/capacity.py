@@ -258,8 +258,9 @@ def run_levels(url: str, pid: int, backend: str, args: argparse.Namespace, resul
     task_ids = args.task or [t.instance_id for t in task_set]
     golds = None if args.no_gold else {t.instance_id: t.patch for t in task_set if t.instance_id in task_ids}
     log(f"{backend}: warm-up, one session per task ({len(task_ids)})")
-    warm = run_remote(url, pid, task_ids, len(task_ids), argparse.Namespace(**{**vars(args), "steps": 1}),
-                      golds=golds).summary()
+    workers = min(len(task_ids), args.max)  # serve's --max-sessions is --max: more at once is a 429
+    warm = run_remote(url, pid, task_ids, workers, argparse.Namespace(**{**vars(args), "steps": 1}),
+                      golds=golds, episodes_per_worker=-(-len(task_ids) // workers)).summary()
     if warm["errors"]:
         raise SystemExit(f"{backend}: the warm-up failed: {warm['errors_by_kind']}")
     done = {lv["sessions"]: lv for lv in result["levels"]}
