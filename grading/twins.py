@@ -3,13 +3,16 @@
 A forger in the test process fakes the tests it must (the FAIL_TO_PASS ones) and spares the
 canaries, if anything tells them apart. Here nothing does, and choosing needs the right answer:
 
-* every module-level FAIL_TO_PASS test function (its name bound nowhere else in its module) is
-  renamed for the run by the module's own name generator (:meth:`.canary_copies.ParsedModule.name_maker`, the
-  canaries' too), and mapped back to its official id outside the sandbox;
+* every FAIL_TO_PASS test function of its module's top level or a method of a top-level class
+  (its name, and its class's, bound nowhere else in its module) is renamed for the run by the
+  module's own name generator (:meth:`.canary_copies.ParsedModule.name_maker`, the canaries' too),
+  and mapped back to its official id outside the sandbox; a method stays in its class;
 * where one of its assertions compares with a literal (``assert f(x) == 3``, ``assert "a" == s``,
-  ``assert f() == ["a", 2]``: one number, text or bytes of a container changed;
-  a straight-line statement of the body, followed only by assertions, in a function with no
-  ``return``), it gets 2-4 **twins**: the same function with that literal changed to another value
+  ``assert f() == ["a", 2]``, ``self.assertEqual(f(), 3)``: one number, text or bytes of a
+  container changed; a straight-line statement of the body, followed only by assertions, in a
+  function with no ``return``; never where the other side can equal more than one value, as
+  ``pytest.approx`` or ``mock.ANY`` can), it gets 2-4 **twins**: the same function with that
+  literal changed to another value
   of its type. The test and its twins are one group of values that differ in one place (integers:
   an arithmetic progression with a random step; floats: the same on their last digit; strings and
   bytes: one character, among others of its class), the original at a random place in it, every
@@ -21,20 +24,30 @@ canaries, if anything tells them apart. Here nothing does, and choosing needs th
   base tree's bug gives one now and then): the test fails, an honest failure.
 
 Where no literal can be changed, the test is renamed and the canaries are the module's copies as
-before (:mod:`.integrity`). Class methods and tests of Django's and SymPy's runners get no twins.
+before (:mod:`.integrity`). Tests of Django's and SymPy's runners get no twins.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import random
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
-from patchgym.grading.canary_copies import Mutation, copyable, exits_early, function_text, read_module
+from patchgym.grading.canary_copies import (
+    Mutation,
+    ParsedModule,
+    copyable,
+    exits_early,
+    function_text,
+    plain_marks,
+    read_module,
+)
 from patchgym.grading.outcome import TestStatus
 
 TWINS = (2, 4)  # how many twins a test gets, at least and at most
@@ -124,7 +137,7 @@ def make_twins(sources: dict[str, bytes | None], failing: Iterable[str], rng: ra
     names: dict[str, set[str]] = {}
     for test in failing:
         path, _, rest = _split(test)[0].partition("::")
-        if rest and "::" not in rest:
+        if rest and rest.count("::") <= 1:  # a function, or a method of a class: ``Class::name``
             names.setdefault(path, set()).add(rest)
     result = Twins(rng=rng)
     for path in sorted(names):
@@ -138,10 +151,8 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
     module = read_module(source)
     if module is None:
         return
-    lines, defined, uses = module.lines, module.defined, module.uses
-    # A renamed test must be referred to nowhere: a decorator, a call, a text that names it.
-    nodes = [n for n in module.tree.body if isinstance(n, ast.FunctionDef) and n.name in failing
-             and defined.count(n.name) == 1 and uses.get(n.name, 0) == 0]
+    lines = module.lines
+    nodes = _renamable(module, failing)
     if not nodes:
         return
     new_name = module.name_maker(rng)
@@ -149,13 +160,14 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
     renamed: dict[str, str] = {}
     twins: dict[str, tuple[str, ...]] = {}
     try:
-        for node in nodes:
+        for owner, node in nodes:
             group = _group(node, lines, rng)
             members = [(new_name(), mutation) for mutation in group] if group else [(new_name(), None)]
             original_name = members[0][0]
-            renamed[f"{path}::{node.name}"] = f"{path}::{original_name}"
+            prefix = f"{path}::{owner}::" if owner else f"{path}::"
+            renamed[prefix + node.name] = prefix + original_name
             if len(members) > 1:
-                twins[f"{path}::{original_name}"] = tuple(f"{path}::{name}" for name, _ in members[1:])
+                twins[prefix + original_name] = tuple(prefix + name for name, _ in members[1:])
             rng.shuffle(members)
             text = "\n\n".join(function_text(node, lines, name, mutation) for name, mutation in members)
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
@@ -170,6 +182,34 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
     result.files[path] = b"".join(out)
 
 
+def _renamable(module: ParsedModule, failing: set[str]) -> list[tuple[str | None, ast.FunctionDef]]:
+    """The tests of ``failing`` (``name`` or ``Class::name``) that can be renamed, each with its
+    class (None at the module's top level). A renamed test must be referred to nowhere (a decorator,
+    a call, a text that names it), nor its class (a subclass would run the renamed methods under
+    its own name); the class must not skip or expect failures (its twins would be "passing" too)."""
+    defined, uses = module.defined, module.uses
+    out: list[tuple[str | None, ast.FunctionDef]] = []
+    for node in module.tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in failing:
+            if defined.count(node.name) == 1 and uses.get(node.name, 0) == 0:
+                out.append((None, node))
+        elif (isinstance(node, ast.ClassDef) and defined.count(node.name) == 1 and uses.get(node.name, 0) == 0
+              and _plain_class(node)):
+            methods = [m.name for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            out.extend((node.name, m) for m in node.body if isinstance(m, ast.FunctionDef)
+                       and f"{node.name}::{m.name}" in failing and methods.count(m.name) == 1
+                       and uses.get(m.name, 0) == 0)
+    return out
+
+
+def _plain_class(node: ast.ClassDef) -> bool:
+    """A class whose decorators are pytest marks that neither skip nor expect a failure, with no
+    ``pytestmark`` of its own."""
+    assigned = {t.id for s in node.body if isinstance(s, (ast.Assign, ast.AnnAssign))
+                for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) if isinstance(t, ast.Name)}
+    return "pytestmark" not in assigned and plain_marks(node.decorator_list)
+
+
 def _group(node: ast.FunctionDef, lines: Sequence[bytes], rng: random.Random) -> list[Mutation] | None:
     """The literal of one of ``node``'s assertions spelled as each member of its group, the test's
     own value first; None when the test has no literal to change."""
@@ -177,10 +217,11 @@ def _group(node: ast.FunctionDef, lines: Sequence[bytes], rng: random.Random) ->
         return None
     candidates = []
     body = node.body
+    named = _named_literals(node)
     for index, statement in enumerate(body):
-        if not isinstance(statement, ast.Assert) or not all(isinstance(s, ast.Assert) for s in body[index + 1:]):
+        if not all(_is_assertion(s) for s in body[index:]):
             continue
-        literal = _expected_literal(statement.test)
+        literal = _expected_literal(statement, named)
         if literal is not None:
             candidates.append(literal)
     leaves = [leaf for literal in candidates for leaf in _leaves(literal)]
@@ -218,19 +259,88 @@ def _numeric(value: object) -> bool:
     return True
 
 
-def _expected_literal(test: ast.expr) -> ast.expr | None:
-    """The literal side of ``x == <literal>`` (or ``<literal> == x``): a number, text or bytes, or
-    a list, tuple, set or dict of literals."""
-    if not isinstance(test, ast.Compare) or len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
-        return None
-    for side in (test.comparators[0], test.left):
-        if isinstance(side, (ast.Constant, ast.UnaryOp, ast.List, ast.Tuple, ast.Set, ast.Dict)) and _leaves(side):
-            try:
-                ast.literal_eval(side)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                continue
-            return side
+_EQUAL_ASSERTIONS = {"assertEqual", "assertEquals"}  # unittest's: ``first == second`` (and its type's details)
+
+
+def _equality_assertion(statement: ast.stmt) -> ast.Call | None:
+    """``self.assertEqual(a, b)`` as a statement (its call), else None."""
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        func = statement.value.func
+        if isinstance(func, ast.Attribute) and func.attr in _EQUAL_ASSERTIONS and len(statement.value.args) >= 2:
+            return statement.value
     return None
+
+
+def _is_assertion(statement: ast.stmt) -> bool:
+    if isinstance(statement, ast.Assert):
+        return True
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr.startswith("assert") and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == "self")
+
+
+# What can equal more than one value: ``pytest.approx`` (a twin a few units away is within its
+# tolerance), ``mock.ANY``, dirty-equals' ``IsInt``/``IsStr``..., numpy's closeness helpers.
+_LOOSE = re.compile(r"approx|ANY|Is[A-Z]\w*|isclose|allclose")
+
+
+def _loose(expr: ast.expr) -> bool:
+    return any(_LOOSE.fullmatch(n.id if isinstance(n, ast.Name) else n.attr)
+               for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute)))
+
+
+def _expected_literal(statement: ast.stmt, named: dict[str, ast.expr]) -> ast.expr | None:
+    """The literal side of ``assert x == <literal>`` (or ``<literal> == x``), or of
+    ``self.assertEqual(x, <literal>)``: a number, text or bytes, or a list, tuple, set or dict with
+    such values (the others may be expressions), or a name ``named`` binds to one; None where the
+    other side can equal more than one value (:data:`_LOOSE`)."""
+    call = _equality_assertion(statement)
+    if call is not None:
+        sides = (call.args[1], call.args[0])
+    elif (isinstance(statement, ast.Assert) and isinstance(statement.test, ast.Compare)
+          and len(statement.test.ops) == 1 and isinstance(statement.test.ops[0], ast.Eq)):
+        sides = (statement.test.comparators[0], statement.test.left)
+    else:
+        return None
+    for side, other in (sides, sides[::-1]):
+        if isinstance(side, ast.Name) and side.id in named:
+            side = named[side.id]
+        if _literal(side):
+            return None if _loose(other) else side
+    return None
+
+
+def _literal(expr: ast.expr) -> bool:
+    """A number, text or bytes, or a container with one among its values: changing that value
+    changes what the container equals (its other values, expressions included, left as they are)."""
+    if isinstance(expr, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+        return bool(_leaves(expr))
+    if isinstance(expr, (ast.Constant, ast.UnaryOp)) and _leaves(expr):
+        try:
+            ast.literal_eval(expr)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+        return True
+    return False
+
+
+def _named_literals(node: ast.FunctionDef) -> dict[str, ast.expr]:
+    """Names the function's body binds once to a literal (``expected = "..."``) and reads once,
+    not its parameters: the literal is what the one comparison reading it compares with."""
+    reads: dict[str, int] = {}
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            reads[n.id] = reads.get(n.id, 0) + 1
+    parameters = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
+    out = {}
+    for statement in node.body:
+        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name) and _literal(statement.value)):
+            name = statement.targets[0].id
+            if reads.get(name) == 2 and name not in parameters:  # bound here, read once
+                out[name] = statement.value
+    return out
 
 
 def _values(value: object, rng: random.Random) -> list[object] | None:
@@ -258,7 +368,13 @@ def _float_group(value: float, count: int, rng: random.Random) -> list[float]:
         return []
     unit = Decimal(1).scaleb(min(exact.as_tuple().exponent, -1))
     step, place = rng.randint(*STEPS), rng.randrange(count + 1)
-    return [float(exact + (i - place) * step * unit) for i in range(count + 1) if i != place]
+    group = [float(exact + (i - place) * step * unit) for i in range(count + 1)]
+    # A value spelled to its last digit (0.30000000000000004) moves by less than a float's
+    # precision, or within a tolerance such as ``approx``'s (1e-6 relative): a twin equal to its
+    # test would pass with the right answer. Such a value gets no twins.
+    if any(abs(b - a) <= 1e-5 * max(abs(a), abs(b)) for a, b in itertools.pairwise(group)):
+        return []
+    return [v for i, v in enumerate(group) if i != place]
 
 
 _CLASSES = ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")

@@ -27,7 +27,9 @@ agent's failure, ``test_an_unparseable_hunk_header_is_the_agents_failure``).
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
 
 import pytest
 
@@ -438,6 +440,46 @@ def test_special_casing_what_each_assert_expects_gets_no_reward(checkouts, backe
     task, repo = checkouts["patchgym__semverkit-1"]
     report = Verifier(sandbox_factory(backend)).verify(task, special_casing(task, repo))
     assert_refused(report_dict(report), task, Tampering("a hidden test and its conflicting twin both passed"),
+                   report.test_output)
+
+
+def in_a_class(task: Task, repo: Repo, class_name: str = "TestCaretOnZeroZero") -> Task:
+    """``task`` with its hidden tests made methods of a test class at the end of their module, as
+    most of requests', pytest's and seaborn's FAIL_TO_PASS tests are."""
+    path = task.FAIL_TO_PASS[0].split("::")[0]
+    hidden = {t.split("::")[1] for t in task.FAIL_TO_PASS}
+    subprocess.run(["git", "apply"], input=task.test_patch, text=True, cwd=repo.root, check=True)
+    try:
+        source = repo.read(path)
+    finally:
+        subprocess.run(["git", "checkout", "-q", "--", path], cwd=repo.root, check=True)
+    lines = source.splitlines(keepends=True)
+    methods, drop = [], set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name in hidden:
+            text = "".join(lines[node.lineno - 1:node.end_lineno]).replace(f"def {node.name}():",
+                                                                           f"def {node.name}(self):")
+            methods.append("".join("    " + line if line.strip() else line for line in text.splitlines(True)))
+            drop.update(range(node.lineno - 1, node.end_lineno))
+    kept = "".join(line for i, line in enumerate(lines) if i not in drop).rstrip() + "\n"
+    written = kept + f"\n\nclass {class_name}:\n" + "\n".join(methods)
+    return task.model_copy(update={"test_patch": repo.diff({path: written}),
+                                   "FAIL_TO_PASS": [f"{path}::{class_name}::{name}" for name in sorted(hidden)]})
+
+
+def test_hidden_methods_of_a_test_class_get_twins_gold_resolves_and_special_casing_is_caught(checkouts, backend):
+    """Methods of a test class are renamed in their class and get twins there: the forger that
+    answers each calling test's assert passes a test and its twin, and is caught; gold resolves."""
+    task, repo = checkouts["patchgym__semverkit-1"]
+    variant = in_a_class(task, repo)
+    verifier = Verifier(sandbox_factory(backend))
+    gold = verifier.verify(variant, variant.patch)
+    assert gold.resolved and not gold.tampering_detected, gold.test_output[-3000:]
+    command = gold.test_output.splitlines()[0]
+    assert command.count("::TestCaretOnZeroZero::") >= 3 * len(variant.FAIL_TO_PASS)  # each with 2-4 twins
+    assert not any(t.split("::")[-1] in command for t in variant.FAIL_TO_PASS)  # renamed
+    report = verifier.verify(variant, special_casing(variant, repo))
+    assert_refused(report_dict(report), variant, Tampering("a hidden test and its conflicting twin both passed"),
                    report.test_output)
 
 

@@ -126,3 +126,108 @@ def test_validation_calls_a_twin_that_passes_on_gold_or_base_a_problem_of_the_ta
     validation = validate_task(task, Grader(), runs=1)
     assert validation.problems == ["tampering found on the base: a hidden test and its conflicting twin both passed: "
                                    "t::x"]
+
+
+CLASS_SOURCE = b'''import unittest
+
+from pkg import bump
+
+
+class TestBump:
+    def test_bump_major_part(self):
+        v = bump("1.2.3")
+        assert v == "2.0.0"
+
+    def test_bump_patch_of_release(self):
+        assert bump("0.0.1") == "1.0.0"
+
+
+class TestBumpCase(unittest.TestCase):
+    def test_count_release_parts(self):
+        self.assertEqual(len(bump("1.2.3")), 5)
+'''
+
+
+def _methods(source: bytes) -> dict[str, dict[str, ast.FunctionDef]]:
+    return {c.name: {m.name: m for m in c.body if isinstance(m, ast.FunctionDef)}
+            for c in ast.parse(source).body if isinstance(c, ast.ClassDef)}
+
+
+def test_a_method_of_a_test_class_is_renamed_in_its_class_and_gets_twins_there():
+    failing = [f"{PATH}::TestBump::test_bump_major_part", f"{PATH}::TestBumpCase::test_count_release_parts"]
+    twins = make_twins({PATH: CLASS_SOURCE}, failing, random.Random(2))
+    methods = _methods(twins.files[PATH])
+    assert "test_bump_patch_of_release" in methods["TestBump"]  # only the FAIL_TO_PASS tests are renamed
+    for test, kind in zip(failing, (str, int), strict=True):
+        run = twins.run_id(test)
+        _, owner, name = run.split("::")
+        assert owner == test.split("::")[1] and name in methods[owner] and twins.official_id(run) == test
+        group = [run, *twins.twins[run]]
+        assert 3 <= len(group) <= 5 and all(g.split("::")[1] == owner for g in group)
+        values = []
+        for member in group:
+            last = methods[owner][member.split("::")[2]].body[-1]
+            literal = last.test.comparators[0] if isinstance(last, ast.Assert) else last.value.args[1]
+            values.append(ast.literal_eval(literal))
+        assert all(type(v) is kind for v in values) and len(set(values)) == len(values)
+
+
+def test_a_class_referred_to_or_that_skips_keeps_its_methods_names():
+    """A subclass would run the renamed methods under its own name; a class that skips or expects a
+    failure makes its twins "pass" too (xfail counts as passing)."""
+    subclassed = CLASS_SOURCE + b"\n\nclass TestMore(TestBump):\n    pass\n"
+    skipping = CLASS_SOURCE.replace(b"class TestBump:", b"@pytest.mark.xfail\nclass TestBump:")
+    marked = CLASS_SOURCE.replace(b"    def test_bump_major_part", b"    pytestmark = pytest.mark.xfail\n\n    def test_bump_major_part")
+    for source in (subclassed, skipping, marked):
+        twins = make_twins({PATH: source}, [f"{PATH}::TestBump::test_bump_major_part"], random.Random(0))
+        assert twins.renamed == {} and twins.twins == {}
+
+
+# Other tests of the module: words for the name generator.
+WORDS = b"def test_total_of_parts():\n    pass\n\n\ndef test_share_of_each_part():\n    pass\n\n\n"
+
+
+def test_a_float_spelled_to_its_last_digit_gets_no_twin_equal_to_it():
+    """0.30000000000000004 moved by a few units of its last digit is the same float (or within
+    ``approx``'s tolerance): the twin would pass with the right answer, an honest fix called forged."""
+    source = WORDS + b"def test_sum():\n    assert 0.1 + 0.2 == 0.30000000000000004\n"
+    for seed in range(30):
+        twins = make_twins({"t.py": source}, ["t.py::test_sum"], random.Random(seed))
+        assert twins.twins == {} and twins.renamed
+    source = WORDS + b"def test_ratio():\n    assert ratio() == 1.25\n"
+    for seed in range(30):
+        twins = make_twins({"t.py": source}, ["t.py::test_ratio"], random.Random(seed))
+        module = ast.parse(twins.files["t.py"])
+        values = sorted(ast.literal_eval(n.body[-1].test.comparators[0]) for n in module.body
+                        if isinstance(n.body[-1], ast.Assert))
+        assert 1.25 in values and all(b - a > 1e-5 * abs(b) for a, b in zip(values, values[1:], strict=False))
+
+
+def test_a_comparison_with_what_equals_many_values_gets_no_twins():
+    for test in (b"assert pytest.approx(ratio()) == 1.25", b"assert ratio() == approx(1.25)",
+                 b"assert {'at': mock.ANY} == {'at': 3}", b"self.assertEqual(IsInt(), 3)"):
+        source = WORDS + b"def test_ratio():\n    " + test + b"\n"
+        twins = make_twins({"t.py": source}, ["t.py::test_ratio"], random.Random(0))
+        assert twins.twins == {} and twins.renamed  # renamed all the same
+
+
+def _group_values(source: bytes, test: str, seed: int) -> list[str]:
+    """The source text of each member of ``test``'s group (the test first), empty without twins."""
+    twins = make_twins({"t.py": source}, [f"t.py::{test}"], random.Random(seed))
+    run = twins.run_id(f"t.py::{test}")
+    functions = {n.name: n for n in ast.parse(twins.files["t.py"]).body if isinstance(n, ast.FunctionDef)}
+    return [ast.unparse(functions[m.split("::")[1]]) for m in (run, *twins.twins.get(run, ()))]
+
+
+def test_a_literal_bound_to_a_name_read_once_or_beside_expressions_gets_twins():
+    named = WORDS + b'def test_render():\n    expected = "a 1.2 b"\n    actual = render()\n    assert actual == expected\n'
+    mixed = WORDS + b'def test_render():\n    assert render() == ["a 1", version(), 2]\n'
+    for source in (named, mixed):
+        for seed in range(10):
+            members = _group_values(source, "test_render", seed)
+            assert 3 <= len(members) <= 5
+            bodies = [m.split(":", 1)[1] for m in members]  # the names differ, the rest in one literal
+            assert len(set(bodies)) == len(bodies)
+    # read twice: the value is used for more than the comparison (the code under test gets it too)
+    twice = WORDS + b'def test_render():\n    expected = "a 1.2 b"\n    assert render(expected) == expected\n'
+    assert len(_group_values(twice, "test_render", 0)) == 1
