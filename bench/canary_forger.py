@@ -53,7 +53,7 @@ from pathlib import Path
 from patchgym import load_task_set  # noqa: E402
 from patchgym.grading import canary_copies, testrun  # noqa: E402
 from patchgym.grading.patches import parse_patch  # noqa: E402
-from patchgym.grading.twins import Twins, make_twins  # noqa: E402
+from patchgym.grading.twins import Twins, make_bare_name_twins, make_twins  # noqa: E402
 from patchgym.grading.verifier import Verifier  # noqa: E402
 from patchgym.making.git_source import open_source  # noqa: E402
 from patchgym.tasks.backends import sandbox_factory  # noqa: E402
@@ -206,10 +206,14 @@ def hidden_sources(task: Task) -> dict[str, bytes | None]:
     # A bare mirror with no config file (as some snapshot tools leave them) reads as a working tree's
     # .git to GitPython: a directory with objects/ is taken as the git directory itself.
     git_dir = given if given and (given / "objects").is_dir() else open_source(repo_source(task)).git_dir
-    paths = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS})
+    patched = [f.new_path for f in parse_patch(task.test_patch) if f.new_path]
+    if task.test_spec.format == "sympy":  # bare names: every test module of the test patch
+        paths = sorted(p for p in patched if p.endswith(".py"))
+    else:
+        paths = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS})
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["git", "init", "-q", tmp], check=True)
-        for path in sorted(set(paths) | {f.new_path for f in parse_patch(task.test_patch) if f.new_path}):
+        for path in sorted(set(paths) | set(patched)):
             shown = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{task.base_commit}:{path}"],
                                    capture_output=True)
             if shown.returncode == 0:
@@ -226,12 +230,17 @@ def twin_odds(task: Task, seeds: int) -> dict:
     sources = hidden_sources(task)
     wins, covered = 0.0, 0
     for seed in range(seeds):
-        twins = make_twins(sources, task.FAIL_TO_PASS, random.Random(seed))
+        if task.test_spec.format == "sympy":
+            twins = make_bare_name_twins(sources, task.FAIL_TO_PASS, set(task.PASS_TO_PASS), random.Random(seed))
+            twinned = sum(1 for t in task.FAIL_TO_PASS if twins and twins.cover_bare([t]))
+        else:
+            twins = make_twins(sources, task.FAIL_TO_PASS, random.Random(seed))
+            twinned = sum(1 for t in task.FAIL_TO_PASS if twins.run_id(t).partition("[")[0] in twins.twins)
         odds = 1.0
-        for group in twins.twins.values():
+        for group in twins.twins.values() if twins else ():
             odds /= 1 + len(group)
         wins += odds
-        covered += sum(1 for t in task.FAIL_TO_PASS if twins.run_id(t).partition("[")[0] in twins.twins)
+        covered += twinned
     return {"task": task.instance_id, "fail_to_pass": len(task.FAIL_TO_PASS),
             "twin_coverage": covered / (seeds * len(task.FAIL_TO_PASS)), "win_rate": wins / seeds}
 
@@ -276,11 +285,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             imported = import_swebench(args.swebench, repos=args.repos, output=Path(work) / "tasks.jsonl").tasks
             chosen = [t for t in imported if not args.instance_ids or t.instance_id in args.instance_ids]
-            # Twins are made for pytest's files only (Django's and SymPy's runners get none yet).
-            others = Counter(t.repo for t in chosen if t.test_spec.format != "pytest")
+            # Twins are made for pytest's and SymPy's runners (Django's gets none yet).
+            others = Counter(t.repo for t in chosen if t.test_spec.format not in ("pytest", "sympy"))
             if others:
-                print("not pytest, no twins: " + ", ".join(f"{repo} {n}" for repo, n in sorted(others.items())))
-            return main_twins([t for t in chosen if t.test_spec.format == "pytest"], args.seeds, args.json)
+                print("no twins for this runner: " + ", ".join(f"{repo} {n}" for repo, n in sorted(others.items())))
+            return main_twins([t for t in chosen if t.test_spec.format in ("pytest", "sympy")], args.seeds, args.json)
     tasks = load_task_set(None)
     if args.instance_ids:
         tasks = tasks.select(args.instance_ids)

@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchgym.grading import integrity, labels, runners, script_canaries
-from patchgym.grading.canary_copies import read_module
 from patchgym.grading.declared import DeclaredTests, conftests_of, files_of
 from patchgym.grading.outcome import JunitError, TestStatus, parse_junit
 from patchgym.grading.patch_apply import apply_patch, stage_patch
 from patchgym.grading.patches import FilePatch, parse_patch
 from patchgym.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from patchgym.grading.pytest_runtime.bootstrap import NO_BYTECODE, START_FAILED
-from patchgym.grading.twins import Twins, make_twins
+from patchgym.grading.twins import make_bare_name_twins, make_twins
 from patchgym.sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
 from patchgym.sandboxes.bytecode import PREFIX_ENV
 from patchgym.tasks.backends import SandboxFactory, make_sandbox
@@ -409,12 +408,14 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     requested = list(dict.fromkeys(tests))
     # The test files as written, read before anything of the agent's has run: what XFAIL they declare.
     sources = {f: _read_source(sandbox, f) for f in files if f.endswith(".py")}
-    twins = (_sympy_twins(sandbox, requested, set(known_passing), sources, _rng(canary_seed, "twins"))
+    twins = (make_bare_name_twins(sources, requested, set(known_passing), _rng(canary_seed, "twins"))
              if spec.format == "sympy" and requested else None)
+    for path, content in (twins.files if twins else {}).items():
+        sandbox.write_file(path, content)
     # Canaries where a failing test has no twins (as for pytest's runs, above).
+    failing = [t for t in requested if t not in set(known_passing)]
     canaries = (_place_script_canaries(sandbox, spec.format, requested, list(files))
-                if requested and (twins is None or not twins.cover(_qualified_failing(twins, requested, known_passing)))
-                else None)
+                if requested and (twins is None or not twins.cover_bare(failing)) else None)
     if canaries is not None:  # their labels among the hidden tests' (Django); SymPy runs whole files
         shown = command
         command = runners.build_command(spec.format, spec.command,
@@ -447,12 +448,10 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
         if run.tampering is None and not result.timed_out and record.exit_code in (0, 1):
             run.tampering = canaries.problem(statuses, record.exit_code)
         statuses = {t: s for t, s in statuses.items() if not canaries.owns(t)}
-    if twins is not None:
-        qualified = _qualified_names(twins)
+    if twins is not None:  # SymPy's: bare names
         if run.tampering is None and not result.timed_out and record.exit_code in (0, 1):
-            run.tampering = twins.problem({qualified.get(t, t): s for t, s in statuses.items()})
-        statuses = {twins.official_id(qualified[t]).rpartition("::")[2] if t in qualified else t: s
-                    for t, s in statuses.items() if not twins.owns(qualified.get(t, t))}
+            run.tampering = twins.problem({twins.qualified(t): s for t, s in statuses.items()})
+        statuses = {twins.official_bare(t): s for t, s in statuses.items() if not twins.owns(twins.qualified(t))}
     run.statuses = statuses
     run.undeclared_xfail = {t for t in requested if statuses.get(t) is TestStatus.XFAIL
                             and not runners.declares_xfail(spec.format, t, sources)}
@@ -461,43 +460,6 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
         if run.tampering is None and not result.timed_out and result.exit_code:
             run.could_not_start = labels.first_error_line(result.output) or run.error
     return run
-
-
-def _sympy_twins(sandbox: Sandbox, requested: list[str], passing: set[str], sources: dict[str, bytes | None],
-                 rng: random.Random) -> Twins | None:
-    """SymPy's hidden tests renamed and given twins (:mod:`.twins`) in the test patch's modules, as
-    for pytest's. SymPy's ids are bare function names: a test is found in the one module that
-    defines it, and no name the run gives may be bound in another module of the run (a bare name
-    would then stand for two tests). None where nothing is renamed."""
-    modules = {path: module for path, source in sources.items() if source and (module := read_module(source))}
-    where: dict[str, list[str]] = {}
-    for path, module in modules.items():
-        for name in module.defined:
-            where.setdefault(name, []).append(path)
-    failing = [f"{where[t][0]}::{t}" for t in requested if t not in passing and len(where.get(t, ())) == 1]
-    twins = make_twins(sources, failing, rng)
-    given = [*twins.renamed.values(), *twins.original]
-    names = [run_id.rpartition("::")[2] for run_id in given]
-    if not given or len(set(names)) < len(names) or any(
-            name in module.taken for run_id, name in zip(given, names, strict=True)
-            for path, module in modules.items() if not run_id.startswith(path + "::")):
-        return None
-    for path, content in twins.files.items():
-        sandbox.write_file(path, content)
-    return twins
-
-
-def _qualified_names(twins: Twins) -> dict[str, str]:
-    """Each bare name the run gave (a renamed test, a twin) -> its ``path::name`` id."""
-    ids = [*twins.renamed.values(), *twins.original]
-    return {run_id.rpartition("::")[2]: run_id for run_id in ids}
-
-
-def _qualified_failing(twins: Twins, requested: list[str], known_passing: Sequence[str]) -> list[str]:
-    """The FAIL_TO_PASS tests among ``requested`` (bare names) as ``path::name`` ids, where found."""
-    official = {run_id.rpartition("::")[2]: run_id for run_id in twins.renamed}
-    passing = set(known_passing)
-    return [official.get(t, t) for t in requested if t not in passing]
 
 
 def _place_script_canaries(sandbox: Sandbox, fmt: str, requested: list[str],

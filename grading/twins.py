@@ -91,6 +91,26 @@ class Twins:
         functions = [_split(self.run_id(test))[0] for test in tests]
         return bool(functions) and all(self.twins.get(function) for function in functions)
 
+    def cover_bare(self, tests: Iterable[str]) -> bool:
+        """:meth:`cover` for ``tests`` named by bare function names (SymPy's ids)."""
+        return self.cover(self._by_bare_official.get(t, t) for t in tests)
+
+    def qualified(self, name: str) -> str:
+        """A bare name of the run (SymPy's ids) as its ``path::name`` id where the run gave it, else as it is."""
+        return self._by_bare_run.get(name, name)
+
+    def official_bare(self, name: str) -> str:
+        """The official bare name of a bare name of the run."""
+        return self.official_id(self.qualified(name)).rpartition("::")[2]
+
+    @functools.cached_property
+    def _by_bare_run(self) -> dict[str, str]:
+        return {run_id.rpartition("::")[2]: run_id for run_id in (*self.renamed.values(), *self.original)}
+
+    @functools.cached_property
+    def _by_bare_official(self) -> dict[str, str]:
+        return {test.rpartition("::")[2]: test for test in self.renamed}
+
     def owns(self, run_id: str) -> bool:
         """Whether ``run_id`` is a twin (or a variant of one)."""
         return _split(run_id)[0] in self.original
@@ -145,6 +165,28 @@ def make_twins(sources: dict[str, bytes | None], failing: Iterable[str], rng: ra
         if source:
             _twin_module(path, source, names[path], rng, result)
     return result
+
+
+def make_bare_name_twins(sources: dict[str, bytes | None], tests: Sequence[str], passing: set[str],
+                         rng: random.Random) -> Twins | None:
+    """:func:`make_twins` for a runner whose ids are bare function names (SymPy's ``bin/test``):
+    each failing test of ``tests`` is found in the one module of ``sources`` that defines it, and
+    no name the run gives may be bound in another of them (a bare name would then stand for two
+    tests). None where nothing is renamed."""
+    modules = {path: module for path, source in sources.items() if source and (module := read_module(source))}
+    where: dict[str, list[str]] = {}
+    for path, module in modules.items():
+        for name in module.defined:
+            where.setdefault(name, []).append(path)
+    failing = [f"{where[t][0]}::{t}" for t in tests if t not in passing and len(where.get(t, ())) == 1]
+    twins = make_twins(sources, failing, rng)
+    given = [*twins.renamed.values(), *twins.original]
+    names = [run_id.rpartition("::")[2] for run_id in given]
+    if not given or len(set(names)) < len(names) or any(
+            name in module.taken for run_id, name in zip(given, names, strict=True)
+            for path, module in modules.items() if not run_id.startswith(path + "::")):
+        return None
+    return twins
 
 
 def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random, result: Twins) -> None:

@@ -231,3 +231,21 @@ def test_a_literal_bound_to_a_name_read_once_or_beside_expressions_gets_twins():
     # read twice: the value is used for more than the comparison (the code under test gets it too)
     twice = WORDS + b'def test_render():\n    expected = "a 1.2 b"\n    assert render(expected) == expected\n'
     assert len(_group_values(twice, "test_render", 0)) == 1
+
+
+def test_bare_name_twins_map_sympys_ids_and_leave_a_name_two_modules_define():
+    from patchgym.grading.twins import make_bare_name_twins
+
+    body = b"def test_bump_count():\n    assert len(bump('1.2.3')) == 5\n"
+    sources = {"a/test_a.py": WORDS + body, "b/test_b.py": b"def test_other_thing():\n    pass\n"}
+    twins = make_bare_name_twins(sources, ["test_bump_count", "test_total_of_parts"], {"test_total_of_parts"},
+                                 random.Random(4))
+    run = twins.run_id("a/test_a.py::test_bump_count")
+    bare = run.rpartition("::")[2]
+    assert twins.qualified(bare) == run and twins.official_bare(bare) == "test_bump_count"
+    assert twins.official_bare("test_total_of_parts") == "test_total_of_parts"  # not renamed: as it is
+    assert twins.cover_bare(["test_bump_count"]) and all(twins.owns(twins.qualified(t.rpartition("::")[2]))
+                                                          for t in twins.twins[run])
+    # defined in both modules: the bare id names two tests, neither is renamed
+    sources["b/test_b.py"] += b"\n\n" + body
+    assert make_bare_name_twins(sources, ["test_bump_count"], set(), random.Random(4)) is None
