@@ -46,14 +46,14 @@ import random
 import subprocess
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 from patchgym import load_task_set  # noqa: E402
 from patchgym.grading import canary_copies, testrun  # noqa: E402
 from patchgym.grading.patches import parse_patch  # noqa: E402
-from patchgym.grading.twins import Twins, make_bare_name_twins, make_twins  # noqa: E402
+from patchgym.grading.runner_twins import django_twins, sympy_twins  # noqa: E402
+from patchgym.grading.twins import Twins, make_twins  # noqa: E402
 from patchgym.grading.verifier import Verifier  # noqa: E402
 from patchgym.making.git_source import open_source  # noqa: E402
 from patchgym.tasks.backends import sandbox_factory  # noqa: E402
@@ -207,7 +207,7 @@ def hidden_sources(task: Task) -> dict[str, bytes | None]:
     # .git to GitPython: a directory with objects/ is taken as the git directory itself.
     git_dir = given if given and (given / "objects").is_dir() else open_source(repo_source(task)).git_dir
     patched = [f.new_path for f in parse_patch(task.test_patch) if f.new_path]
-    if task.test_spec.format == "sympy":  # bare names: every test module of the test patch
+    if task.test_spec.format in RUNNERS:  # ids that name no file: every test module of the test patch
         paths = sorted(p for p in patched if p.endswith(".py"))
     else:
         paths = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS})
@@ -223,6 +223,9 @@ def hidden_sources(task: Task) -> dict[str, bytes | None]:
         return {p: (Path(tmp) / p).read_bytes() if (Path(tmp) / p).is_file() else None for p in paths}
 
 
+RUNNERS = {"django": django_twins, "sympy": sympy_twins}  # their ids name no file
+
+
 def twin_odds(task: Task, seeds: int) -> dict:
     """The guessing forger's win rate on ``task`` (the mean over ``seeds`` draws of the twins of the
     product, over the hidden test functions with twins, of 1/(group size)) and the share of the
@@ -230,9 +233,11 @@ def twin_odds(task: Task, seeds: int) -> dict:
     sources = hidden_sources(task)
     wins, covered = 0.0, 0
     for seed in range(seeds):
-        if task.test_spec.format == "sympy":
-            twins = make_bare_name_twins(sources, task.FAIL_TO_PASS, set(task.PASS_TO_PASS), random.Random(seed))
-            twinned = sum(1 for t in task.FAIL_TO_PASS if twins and twins.cover_bare([t]))
+        if task.test_spec.format in RUNNERS:
+            made = RUNNERS[task.test_spec.format](sources, task.FAIL_TO_PASS, set(task.PASS_TO_PASS),
+                                                  random.Random(seed))
+            twins = made.twins if made else None
+            twinned = sum(1 for t in task.FAIL_TO_PASS if made and made.cover([t]))
         else:
             twins = make_twins(sources, task.FAIL_TO_PASS, random.Random(seed))
             twinned = sum(1 for t in task.FAIL_TO_PASS if twins.run_id(t).partition("[")[0] in twins.twins)
@@ -285,11 +290,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             imported = import_swebench(args.swebench, repos=args.repos, output=Path(work) / "tasks.jsonl").tasks
             chosen = [t for t in imported if not args.instance_ids or t.instance_id in args.instance_ids]
-            # Twins are made for pytest's and SymPy's runners (Django's gets none yet).
-            others = Counter(t.repo for t in chosen if t.test_spec.format not in ("pytest", "sympy"))
-            if others:
-                print("no twins for this runner: " + ", ".join(f"{repo} {n}" for repo, n in sorted(others.items())))
-            return main_twins([t for t in chosen if t.test_spec.format in ("pytest", "sympy")], args.seeds, args.json)
+            return main_twins(chosen, args.seeds, args.json)
     tasks = load_task_set(None)
     if args.instance_ids:
         tasks = tasks.select(args.instance_ids)

@@ -75,12 +75,9 @@ def _mark_name(decorator: ast.expr) -> str | None:
 def copyable(node: ast.stmt) -> bool:
     """A plain module-level test function whose only decorators are pytest marks that neither skip
     nor expect a failure (what the copy's outcome is compared with must be the test's own)."""
-    return isinstance(node, ast.FunctionDef) and plain_marks(node.decorator_list)
-
-
-def plain_marks(decorators: Sequence[ast.expr]) -> bool:
-    """Whether ``decorators`` are all pytest marks that neither skip nor expect a failure."""
-    marks = [_mark_name(d) for d in decorators]
+    if not isinstance(node, ast.FunctionDef):
+        return False
+    marks = [_mark_name(d) for d in node.decorator_list]
     return all(m is not None and m not in _SKIPPING_MARKS for m in marks)
 
 

@@ -18,25 +18,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchgym.grading import integrity, labels, runners, script_canaries
+from patchgym.grading import integrity, labels, runner_twins, runners, script_canaries
 from patchgym.grading.declared import DeclaredTests, conftests_of, files_of
 from patchgym.grading.outcome import JunitError, TestStatus, parse_junit
 from patchgym.grading.patch_apply import apply_patch, stage_patch
 from patchgym.grading.patches import FilePatch, parse_patch
 from patchgym.grading.pytest_runtime import RUNTIME_DIR, RUNTIME_FILES
 from patchgym.grading.pytest_runtime.bootstrap import NO_BYTECODE, START_FAILED
-from patchgym.grading.twins import make_bare_name_twins, make_twins
+from patchgym.grading.twins import make_twins
 from patchgym.sandboxes import PathOutsideWorkspaceError, Sandbox, SandboxError
 from patchgym.sandboxes.bytecode import PREFIX_ENV
 from patchgym.tasks.backends import SandboxFactory, make_sandbox
 from patchgym.tasks.model import EnvironmentConfig, Task, TestSpec
 
 LOG_LIMIT = 512 * 1024
-# A failure's traceback in a graded run, unless the task's command chooses a style: one line (file,
-# line, exception). pytest's default (long) parses the test file's source for every failure, ~5 ms
-# each on a loaded 2-core machine, and a graded run has several failures that must happen (twins,
-# canaries); the outcome is read from the results, never from the traceback.
-TRACEBACK_STYLE = "--tb=line"
+# A failure's traceback in a graded run, unless the task's command chooses a style: Python's own
+# (``native``). pytest's default (long) parses the test file's source for every failure, ~5 ms each
+# on a loaded 2-core machine, and a graded run has several failures that must happen (twins,
+# canaries); the outcome is read from the results, never from the traceback. Not ``line``: pytest
+# 6.0.x (and pytest's own tree before 6.1, SWE-bench's pytest-7168) raises INTERNALERROR writing a
+# line-style failure into junit (pytest #7707), ending the run at the first twin that fails.
+TRACEBACK_STYLE = "--tb=native"
 # Every test run reads no bytecode cache from the tree: a .pyc there (the image's own, or one slipped
 # past the patch filter) is never used in place of its source. Its pycache prefix is the
 # environment's read-only bytecode prefix where the sandbox names one (sandboxes.bytecode: checked-hash
@@ -408,20 +410,22 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     requested = list(dict.fromkeys(tests))
     # The test files as written, read before anything of the agent's has run: what XFAIL they declare.
     sources = {f: _read_source(sandbox, f) for f in files if f.endswith(".py")}
-    twins = (make_bare_name_twins(sources, requested, set(known_passing), _rng(canary_seed, "twins"))
-             if spec.format == "sympy" and requested else None)
-    for path, content in (twins.files if twins else {}).items():
+    # The hidden tests renamed and given twins (grading.runner_twins), then canaries where a failing
+    # test has none (as for pytest's runs, above).
+    make = runner_twins.django_twins if spec.format == "django" else runner_twins.sympy_twins
+    twins = make(sources, requested, set(known_passing), _rng(canary_seed, "twins")) if requested else None
+    for path, content in (twins.twins.files if twins else {}).items():
         sandbox.write_file(path, content)
-    # Canaries where a failing test has no twins (as for pytest's runs, above).
+    in_run = twins.run_ids(requested) if twins else requested
     failing = [t for t in requested if t not in set(known_passing)]
     canaries = (_place_script_canaries(sandbox, spec.format, requested, list(files))
-                if requested and (twins is None or not twins.cover_bare(failing)) else None)
-    if canaries is not None:  # their labels among the hidden tests' (Django); SymPy runs whole files
+                if requested and (twins is None or not twins.cover(failing)) else None)
+    if canaries is not None or twins is not None:  # their labels among the hidden tests' (Django; SymPy runs files)
         shown = command
         command = runners.build_command(spec.format, spec.command,
-                                        integrity.interleave(requested, canaries), files)
+                                        integrity.interleave(in_run, canaries) if canaries else in_run, files)
         invocation = runners.script_invocation(spec.format, command) or invocation
-        command = shown  # the command reported is the task's, without the canaries' labels
+        command = shown  # the command reported is the task's, without the run's own labels
     hidden = " ".join(f"--hidden {shlex.quote(f)}" for f in files if f.endswith(".py"))
     parts = [f"{invocation.env}PATCHGYM_RESULTS={harness.results}", invocation.python, "-I -B", invocation.warnings,
              f"{harness.runtime}/script_runner.py --format {spec.format}", hidden, "--", invocation.script,
@@ -430,7 +434,7 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     result = sandbox.exec(start, timeout=spec.timeout, output_limit=LOG_LIMIT)
     run = TestRun(statuses={}, command=command, output=f"$ {command}\n{result.output}",
                   exit_code=result.exit_code, timed_out=result.timed_out, cpu_seconds=result.cpu_seconds,
-                  canaries=canaries is not None or bool(twins and twins.twins))
+                  canaries=canaries is not None or bool(twins and twins.twins.twins))
     text = _read_results(sandbox, harness.results, run, lambda t: t, "results")
     record = integrity.parse_record(text) if text is not None else None
     if (record is None or not record.started) and START_FAILED in result.output:
@@ -443,15 +447,17 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
         run.error = run.error or "the test runner did not finish" + (" (the test run timed out)"
                                                                       if result.timed_out else "")
         return run
-    statuses = runners.statuses_from_record(spec.format, record.statuses, _record_aliases(text or ""))
+    # A twin's docstring line is its test's too: it names the test alone.
+    aliases = {t: a for t, a in _record_aliases(text or "").items() if not (twins and twins.owns(t))}
+    statuses = runners.statuses_from_record(spec.format, record.statuses, aliases)
     if canaries is not None:
         if run.tampering is None and not result.timed_out and record.exit_code in (0, 1):
             run.tampering = canaries.problem(statuses, record.exit_code)
         statuses = {t: s for t, s in statuses.items() if not canaries.owns(t)}
-    if twins is not None:  # SymPy's: bare names
+    if twins is not None:
         if run.tampering is None and not result.timed_out and record.exit_code in (0, 1):
-            run.tampering = twins.problem({twins.qualified(t): s for t, s in statuses.items()})
-        statuses = {twins.official_bare(t): s for t, s in statuses.items() if not twins.owns(twins.qualified(t))}
+            run.tampering = twins.problem(statuses)
+        statuses = twins.to_official(statuses)
     run.statuses = statuses
     run.undeclared_xfail = {t for t in requested if statuses.get(t) is TestStatus.XFAIL
                             and not runners.declares_xfail(spec.format, t, sources)}

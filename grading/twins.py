@@ -24,7 +24,7 @@ canaries, if anything tells them apart. Here nothing does, and choosing needs th
   base tree's bug gives one now and then): the test fails, an honest failure.
 
 Where no literal can be changed, the test is renamed and the canaries are the module's copies as
-before (:mod:`.integrity`). Tests of Django's and SymPy's runners get no twins.
+before (:mod:`.integrity`). Django's and SymPy's runners: :mod:`.runner_twins`.
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ from decimal import Decimal, InvalidOperation
 from patchgym.grading.canary_copies import (
     Mutation,
     ParsedModule,
-    copyable,
     exits_early,
     function_text,
-    plain_marks,
     read_module,
 )
 from patchgym.grading.outcome import TestStatus
@@ -90,26 +88,6 @@ class Twins:
         """Whether there are ``tests`` (official ids) and every one of them has twins."""
         functions = [_split(self.run_id(test))[0] for test in tests]
         return bool(functions) and all(self.twins.get(function) for function in functions)
-
-    def cover_bare(self, tests: Iterable[str]) -> bool:
-        """:meth:`cover` for ``tests`` named by bare function names (SymPy's ids)."""
-        return self.cover(self._by_bare_official.get(t, t) for t in tests)
-
-    def qualified(self, name: str) -> str:
-        """A bare name of the run (SymPy's ids) as its ``path::name`` id where the run gave it, else as it is."""
-        return self._by_bare_run.get(name, name)
-
-    def official_bare(self, name: str) -> str:
-        """The official bare name of a bare name of the run."""
-        return self.official_id(self.qualified(name)).rpartition("::")[2]
-
-    @functools.cached_property
-    def _by_bare_run(self) -> dict[str, str]:
-        return {run_id.rpartition("::")[2]: run_id for run_id in (*self.renamed.values(), *self.original)}
-
-    @functools.cached_property
-    def _by_bare_official(self) -> dict[str, str]:
-        return {test.rpartition("::")[2]: test for test in self.renamed}
 
     def owns(self, run_id: str) -> bool:
         """Whether ``run_id`` is a twin (or a variant of one)."""
@@ -167,28 +145,6 @@ def make_twins(sources: dict[str, bytes | None], failing: Iterable[str], rng: ra
     return result
 
 
-def make_bare_name_twins(sources: dict[str, bytes | None], tests: Sequence[str], passing: set[str],
-                         rng: random.Random) -> Twins | None:
-    """:func:`make_twins` for a runner whose ids are bare function names (SymPy's ``bin/test``):
-    each failing test of ``tests`` is found in the one module of ``sources`` that defines it, and
-    no name the run gives may be bound in another of them (a bare name would then stand for two
-    tests). None where nothing is renamed."""
-    modules = {path: module for path, source in sources.items() if source and (module := read_module(source))}
-    where: dict[str, list[str]] = {}
-    for path, module in modules.items():
-        for name in module.defined:
-            where.setdefault(name, []).append(path)
-    failing = [f"{where[t][0]}::{t}" for t in tests if t not in passing and len(where.get(t, ())) == 1]
-    twins = make_twins(sources, failing, rng)
-    given = [*twins.renamed.values(), *twins.original]
-    names = [run_id.rpartition("::")[2] for run_id in given]
-    if not given or len(set(names)) < len(names) or any(
-            name in module.taken for run_id, name in zip(given, names, strict=True)
-            for path, module in modules.items() if not run_id.startswith(path + "::")):
-        return None
-    return twins
-
-
 def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random, result: Twins) -> None:
     module = read_module(source)
     if module is None:
@@ -202,8 +158,8 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
     renamed: dict[str, str] = {}
     twins: dict[str, tuple[str, ...]] = {}
     try:
-        for owner, node in nodes:
-            group = _group(node, lines, rng)
+        for owner, node, twinnable in nodes:
+            group = _group(node, lines, rng) if twinnable else None
             members = [(new_name(), mutation) for mutation in group] if group else [(new_name(), None)]
             original_name = members[0][0]
             prefix = f"{path}::{owner}::" if owner else f"{path}::"
@@ -224,38 +180,51 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
     result.files[path] = b"".join(out)
 
 
-def _renamable(module: ParsedModule, failing: set[str]) -> list[tuple[str | None, ast.FunctionDef]]:
+def _renamable(module: ParsedModule, failing: set[str]) -> list[tuple[str | None, ast.FunctionDef, bool]]:
     """The tests of ``failing`` (``name`` or ``Class::name``) that can be renamed, each with its
-    class (None at the module's top level). A renamed test must be referred to nowhere (a decorator,
-    a call, a text that names it), nor its class (a subclass would run the renamed methods under
-    its own name); the class must not skip or expect failures (its twins would be "passing" too)."""
+    class (None at the module's top level) and whether it can have twins. A renamed test must be
+    referred to nowhere (a decorator, a call, a text that names it), nor its class (a subclass
+    would run the renamed methods under its own name). No twins where the test, its class or its
+    module expects a failure (:func:`_expects_failure`)."""
     defined, uses = module.defined, module.uses
-    out: list[tuple[str | None, ast.FunctionDef]] = []
+    in_module = _pytestmarks(module.tree.body)
+    out: list[tuple[str | None, ast.FunctionDef, bool]] = []
     for node in module.tree.body:
         if isinstance(node, ast.FunctionDef) and node.name in failing:
             if defined.count(node.name) == 1 and uses.get(node.name, 0) == 0:
-                out.append((None, node))
-        elif (isinstance(node, ast.ClassDef) and defined.count(node.name) == 1 and uses.get(node.name, 0) == 0
-              and _plain_class(node)):
+                out.append((None, node, not _expects_failure([*in_module, *node.decorator_list])))
+        elif isinstance(node, ast.ClassDef) and defined.count(node.name) == 1 and uses.get(node.name, 0) == 0:
             methods = [m.name for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
-            out.extend((node.name, m) for m in node.body if isinstance(m, ast.FunctionDef)
-                       and f"{node.name}::{m.name}" in failing and methods.count(m.name) == 1
-                       and uses.get(m.name, 0) == 0)
+            around = [*in_module, *node.decorator_list, *_pytestmarks(node.body)]
+            out.extend((node.name, m, not _expects_failure([*around, *m.decorator_list])) for m in node.body
+                       if isinstance(m, ast.FunctionDef) and f"{node.name}::{m.name}" in failing
+                       and methods.count(m.name) == 1 and uses.get(m.name, 0) == 0)
     return out
 
 
-def _plain_class(node: ast.ClassDef) -> bool:
-    """A class whose decorators are pytest marks that neither skip nor expect a failure, with no
-    ``pytestmark`` of its own."""
-    assigned = {t.id for s in node.body if isinstance(s, (ast.Assign, ast.AnnAssign))
-                for t in (s.targets if isinstance(s, ast.Assign) else [s.target]) if isinstance(t, ast.Name)}
-    return "pytestmark" not in assigned and plain_marks(node.decorator_list)
+def _pytestmarks(body: Sequence[ast.stmt]) -> list[ast.expr]:
+    """What ``pytestmark = ...`` statements of ``body`` assign (marks for every test below them)."""
+    return [s.value for s in body if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value is not None
+            and any(isinstance(t, ast.Name) and t.id == "pytestmark"
+                    for t in (s.targets if isinstance(s, ast.Assign) else [s.target]))]
+
+
+_EXPECTED_FAILURE = re.compile(r"xfail|expectedfailure", re.IGNORECASE)
+
+
+def _expects_failure(marks: Sequence[ast.expr]) -> bool:
+    """Whether any of ``marks`` (decorators, ``pytestmark`` values) names an expected failure
+    (pytest's ``xfail``, unittest's ``expectedFailure``): a test's failure would count as passing,
+    and its twins' too. Other decorators (fixtures, settings, mocks, skips) act on a test and its
+    twins alike."""
+    return any(_EXPECTED_FAILURE.search(n.id if isinstance(n, ast.Name) else n.attr)
+               for mark in marks for n in ast.walk(mark) if isinstance(n, (ast.Name, ast.Attribute)))
 
 
 def _group(node: ast.FunctionDef, lines: Sequence[bytes], rng: random.Random) -> list[Mutation] | None:
     """The literal of one of ``node``'s assertions spelled as each member of its group, the test's
     own value first; None when the test has no literal to change."""
-    if not copyable(node) or exits_early(node):
+    if exits_early(node):
         return None
     candidates = []
     body = node.body

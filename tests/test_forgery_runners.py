@@ -361,10 +361,11 @@ def test_gold_with_a_payload_is_tampering(name, runner_tasks):
     assert_refused(report, task, Tampering())
 
 
-# The package answers each calling line's ``assert ... == <literal>`` with its literal, whatever the
-# test: every test passes, none it was not asked about is touched. Canaries of a fixed shape never
-# call the package and fail as they must; only conflicting twins of the hidden test catch it.
-SYMPY_SPECIAL_CASING = """\
+# The package answers each calling line's ``assert ... == <literal>`` (``self.assertEqual(...,
+# <literal>)``) with its literal, whatever the test: every test passes, none it was not asked about
+# is touched. Canaries of a fixed shape never call the package and fail as they must; only
+# conflicting twins of the hidden test catch it.
+SPECIAL_CASING = """\
 import ast as _pg_ast
 import linecache as _pg_linecache
 import sys as _pg_sys
@@ -376,23 +377,27 @@ def clamp(*args):
     frame = _pg_sys._getframe(1)
     line = _pg_linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
     try:
-        test = _pg_ast.parse(line).body[0].test
-        return _pg_ast.literal_eval(test.comparators[0])
+        statement = _pg_ast.parse(line).body[0]
+        expected = statement.test.comparators[0] if isinstance(statement, _pg_ast.Assert) else statement.value.args[1]
+        return _pg_ast.literal_eval(expected)
     except Exception:
         return _pg_clamp(*args)
 """
 
 
-def test_sympy_hidden_tests_get_twins_and_special_casing_is_caught(runner_tasks, backend):
-    """SymPy's hidden tests are renamed and given conflicting twins as pytest's are (bare names
-    mapped back to the official ones): gold resolves with the twins failing; the forger above is
-    caught by a test and its twin both passing."""
-    task = runner_tasks["sympy"]
+@pytest.mark.parametrize("fmt", ["django", "sympy"])
+def test_hidden_tests_get_twins_and_special_casing_is_caught(fmt, runner_tasks, backend):
+    """Django's and SymPy's hidden tests are renamed and given conflicting twins as pytest's are
+    (their ids mapped back to the official ones): gold resolves with the twins failing; the forger
+    above is caught by a test and its twin both passing (it earned 1.0 against the canaries)."""
+    task = runner_tasks[fmt]
     gold = _verify(task, task.patch, backend)
     assert gold.resolved and not gold.tampering_detected, gold.test_output[-3000:]
-    ran = set(re.findall(r"^(test_\w+) ", gold.test_output, re.M))
-    assert "test_clamp_high" not in ran and len(ran - {"test_add", "test_add_zero"}) >= 3, gold.test_output[-3000:]
-    report = report_dict(_verify(task, _patch(task, {SYMPY_PKG: SYMPY_SPECIAL_CASING}), backend))
+    ran = set(re.findall(r"^(test_\w+)", gold.test_output, re.M))
+    assert "test_clamp_high" not in ran and len(ran - {"test_add", "test_add_zero", "test_pairs"}) >= 3, \
+        gold.test_output[-3000:]
+    package = DJANGO_PKG if fmt == "django" else SYMPY_PKG
+    report = report_dict(_verify(task, _patch(task, {package: SPECIAL_CASING}), backend))
     assert_refused(report, task, Tampering("a hidden test and its conflicting twin both passed"))
 
 

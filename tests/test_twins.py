@@ -172,15 +172,26 @@ def test_a_method_of_a_test_class_is_renamed_in_its_class_and_gets_twins_there()
         assert all(type(v) is kind for v in values) and len(set(values)) == len(values)
 
 
-def test_a_class_referred_to_or_that_skips_keeps_its_methods_names():
-    """A subclass would run the renamed methods under its own name; a class that skips or expects a
-    failure makes its twins "pass" too (xfail counts as passing)."""
+def test_a_class_referred_to_keeps_its_methods_names_and_one_expecting_failures_gets_no_twins():
+    """A subclass would run the renamed methods under its own name. Where a failure is expected
+    (pytest's xfail, unittest's expectedFailure: on the test, its class or its module), a failing
+    twin counts as passing, as its test does: renamed, no twins."""
+    test = f"{PATH}::TestBump::test_bump_major_part"
     subclassed = CLASS_SOURCE + b"\n\nclass TestMore(TestBump):\n    pass\n"
-    skipping = CLASS_SOURCE.replace(b"class TestBump:", b"@pytest.mark.xfail\nclass TestBump:")
-    marked = CLASS_SOURCE.replace(b"    def test_bump_major_part", b"    pytestmark = pytest.mark.xfail\n\n    def test_bump_major_part")
-    for source in (subclassed, skipping, marked):
-        twins = make_twins({PATH: source}, [f"{PATH}::TestBump::test_bump_major_part"], random.Random(0))
-        assert twins.renamed == {} and twins.twins == {}
+    assert make_twins({PATH: subclassed}, [test], random.Random(0)).renamed == {}
+    for source in (CLASS_SOURCE.replace(b"class TestBump:", b"@pytest.mark.xfail\nclass TestBump:"),
+                   CLASS_SOURCE.replace(b"    def test_bump_major_part", b"    pytestmark = [pytest.mark.xfail]\n\n"
+                                                                        b"    def test_bump_major_part"),
+                   CLASS_SOURCE.replace(b"    def test_bump_major_part", b"    @unittest.expectedFailure\n"
+                                                                        b"    def test_bump_major_part"),
+                   b"pytestmark = pytest.mark.xfail(strict=False)\n" + CLASS_SOURCE):
+        twins = make_twins({PATH: source}, [test], random.Random(0))
+        assert twins.renamed and twins.twins == {}
+    # Decorators that act on a test and its twins alike: settings, mocks, skips
+    decorated = (CLASS_SOURCE.replace(b"class TestBump:", b"@override_settings(DEBUG=True)\nclass TestBump:")
+                 .replace(b"    def test_bump_major_part(self)", b"    @mock.patch('pkg.now')\n"
+                                                                  b"    def test_bump_major_part(self, now)"))
+    assert make_twins({PATH: decorated}, [test], random.Random(0)).twins
 
 
 # Other tests of the module: words for the name generator.
@@ -233,19 +244,43 @@ def test_a_literal_bound_to_a_name_read_once_or_beside_expressions_gets_twins():
     assert len(_group_values(twice, "test_render", 0)) == 1
 
 
-def test_bare_name_twins_map_sympys_ids_and_leave_a_name_two_modules_define():
-    from patchgym.grading.twins import make_bare_name_twins
+def test_sympys_bare_ids_map_to_twins_and_a_name_two_modules_define_is_left():
+    from patchgym.grading.runner_twins import sympy_twins
 
     body = b"def test_bump_count():\n    assert len(bump('1.2.3')) == 5\n"
     sources = {"a/test_a.py": WORDS + body, "b/test_b.py": b"def test_other_thing():\n    pass\n"}
-    twins = make_bare_name_twins(sources, ["test_bump_count", "test_total_of_parts"], {"test_total_of_parts"},
-                                 random.Random(4))
-    run = twins.run_id("a/test_a.py::test_bump_count")
-    bare = run.rpartition("::")[2]
-    assert twins.qualified(bare) == run and twins.official_bare(bare) == "test_bump_count"
-    assert twins.official_bare("test_total_of_parts") == "test_total_of_parts"  # not renamed: as it is
-    assert twins.cover_bare(["test_bump_count"]) and all(twins.owns(twins.qualified(t.rpartition("::")[2]))
-                                                          for t in twins.twins[run])
+    twins = sympy_twins(sources, ["test_bump_count", "test_total_of_parts"], {"test_total_of_parts"},
+                        random.Random(4))
+    group = twins.run_ids(["test_bump_count", "test_total_of_parts"])
+    assert 3 <= len(group) - 1 <= 5 and group[-1] == "test_total_of_parts" and "test_bump_count" not in group
+    assert all("::" not in name for name in group)
+    renamed = next(name for name in group[:-1] if not twins.owns(name))
+    statuses = {name: TestStatus.FAILED for name in group} | {renamed: TestStatus.PASSED}
+    assert twins.problem(statuses) is None
+    assert twins.to_official(statuses) == {"test_bump_count": TestStatus.PASSED, "test_total_of_parts": TestStatus.FAILED}
+    forged = {name: TestStatus.PASSED for name in group}
+    assert "both passed" in twins.problem(forged)
     # defined in both modules: the bare id names two tests, neither is renamed
     sources["b/test_b.py"] += b"\n\n" + body
-    assert make_bare_name_twins(sources, ["test_bump_count"], set(), random.Random(4)) is None
+    assert sympy_twins(sources, ["test_bump_count"], set(), random.Random(4)) is None
+
+
+def test_djangos_ids_in_both_wordings_map_to_twins_of_the_method():
+    from patchgym.grading.runner_twins import django_twins
+
+    source = (b"from django.test import SimpleTestCase\n\n\nclass BumpTests(SimpleTestCase):\n"
+              b"    def test_total_of_parts(self):\n        pass\n\n    def test_share_of_each_part(self):\n"
+              b"        pass\n\n    def test_bump_count(self):\n        self.assertEqual(len(bump('1.2.3')), 5)\n")
+    official = "test_bump_count (bumps.tests.BumpTests)"
+    twins = django_twins({"tests/bumps/tests.py": source}, [official, "Docstring line."], set(), random.Random(5))
+    group = twins.run_ids([official, "Docstring line."])
+    assert group[-1] == "Docstring line." and 3 <= len(group) - 1 <= 5
+    assert all(name.endswith(" (bumps.tests.BumpTests)") and official not in name for name in group[:-1])
+    renamed = next(name for name in group[:-1] if not twins.owns(name))
+    new = renamed.split()[0]
+    statuses = {name: TestStatus.FAILED for name in group[:-1]} | {renamed: TestStatus.PASSED,
+                                                                   f"{new} (bumps.tests.BumpTests.{new})": TestStatus.PASSED}
+    assert twins.problem(statuses) is None
+    assert twins.to_official(statuses) == {official: TestStatus.PASSED,
+                                           "test_bump_count (bumps.tests.BumpTests.test_bump_count)": TestStatus.PASSED}
+    assert "both passed" in twins.problem({name: TestStatus.PASSED for name in group[:-1]})
