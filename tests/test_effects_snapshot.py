@@ -133,3 +133,39 @@ def test_a_hidden_test_is_its_own_code_or_a_wrapper_of_it_where_its_file_decorat
     assert hidden.problem(namespace["test_wrapped"], "test_wrapped", path, lambda: True) is None
     assert hidden.problem(namespace["test_wrapped"], "test_wrapped", path, lambda: False)
     assert hidden.problem(lambda: None, "test_plain", path, lambda: True)
+
+
+PYTEST_ITSELF = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import pytest, pluggy, _pytest.doctest, _pytest.runner
+    import effects
+    out = {}
+    for mine in (False, True):
+        snapshot = effects.Snapshot(pytest_is_the_repository=mine)
+        saved = _pytest.doctest.CHECKER_CLASS
+        _pytest.doctest.CHECKER_CLASS = object()
+        pytest.FIXTURE_ORDER = []
+        out["pytest's own changed, pytest is the repository" if mine else "pytest's own changed"] = snapshot.changed()
+        _pytest.doctest.CHECKER_CLASS = saved
+        del pytest.FIXTURE_ORDER
+        snapshot.take()
+        saved = pluggy.PluginManager.register
+        pluggy.PluginManager.register = lambda self, plugin, name=None: None
+        out["pluggy changed" + (", pytest is the repository" if mine else "")] = snapshot.changed()
+        pluggy.PluginManager.register = saved
+    print(json.dumps(out))
+''')
+
+
+def test_where_pytest_is_the_repository_its_own_modules_are_the_code_under_test():
+    """pytest-dev/pytest rows: pytest's tests monkeypatch pytest (gold of 7 of 10 SWE-bench Lite rows
+    was called tampering for it); its modules are the agent's code there, changed on disk as easily.
+    The rest of the runner (pluggy, the runtime) is still watched."""
+    done = subprocess.run([sys.executable, "-c", PYTEST_ITSELF, pytest_runtime.__path__[0]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert "was replaced" in out["pytest's own changed"]
+    assert out["pytest's own changed, pytest is the repository"] is None
+    assert "pluggy" in out["pluggy changed"] and "pluggy" in out["pluggy changed, pytest is the repository"]

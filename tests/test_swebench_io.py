@@ -330,7 +330,7 @@ def test_run_tests_pytest_command_goes_through_the_runtime():
                     files=["ignored.py"])
     (command,) = sandbox.commands
     start = re.fullmatch(r"PATCHGYM_RESULTS=\.patchgym-results-[0-9a-f]{32}\.jsonl python -I -B "
-                         r"\.patchgym-rt-[0-9a-f]{32}/bootstrap\.py -p no:cacheprovider --tb=line -rA "
+                         r"\.patchgym-rt-[0-9a-f]{32}/bootstrap\.py -p no:cacheprovider --tb=native -rA "
                          r"--junitxml=\.patchgym-junit-[0-9a-f]{32}\.xml --override-ini=junit_family=xunit1 (.*)", command)
     assert start, command
     ids = shlex.split(start.group(1))
@@ -388,10 +388,10 @@ def test_steps_before_pytest_run_first_and_pytest_still_goes_through_the_runtime
     run_tests(sandbox, TestSpec(command=f"{setup} && HTTPBIN_URL=http://127.0.0.1:5081/ pytest -rA"), ["t.py::test_x"])
     (command,) = sandbox.commands
     assert command.startswith(f"{setup} && HTTPBIN_URL=http://127.0.0.1:5081/ PATCHGYM_RESULTS=.patchgym-results-")
-    assert "/bootstrap.py -rA --tb=line -rA --junitxml=" in command
+    assert "/bootstrap.py -rA --tb=native -rA --junitxml=" in command
     sandbox = FakeSandbox("")
     run_tests(sandbox, TestSpec(command="pytest -k 'a && b'"), ["t.py::test_x"])
-    assert "/bootstrap.py -k 'a && b' --tb=line -rA" in sandbox.commands[0], "&& inside an argument is not a step"
+    assert "/bootstrap.py -k 'a && b' --tb=native -rA" in sandbox.commands[0], "&& inside an argument is not a step"
     requests = environment_from_config(builtin_specs()["psf/requests"]["2.4"], "psf/requests")
     assert requests[1].command.endswith(" && HTTPBIN_URL=http://127.0.0.1:5081/ pytest -rA")
     assert "httpbin==0.10.4" in requests[0].packages

@@ -311,7 +311,8 @@ def _watch(effects, policy, reporter, records):
                                           ("patchgym_records.Writer()", records),
                                           ("patchgym_reporter.Calls()", reporter.calls),
                                           ("patchgym_reporter.OwnCalls()", reporter.own),
-                                          ("patchgym_audit.Policy()", policy)])
+                                          ("patchgym_audit.Policy()", policy)],
+                                         pytest_is_the_repository=runner_is_the_repository())
     records.checks.append(reporter.snapshot.check)
     reporter.snapshot.take()  # with the two lines above in it
 

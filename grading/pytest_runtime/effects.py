@@ -77,22 +77,30 @@ def _classes_of(module_name, namespace, seen):
             yield from _classes_of(module_name, vars(value), seen)
 
 
-class Snapshot:
-    """The runner's modules and classes, and ``objects`` (the runtime's own), as they are now."""
+# Where pytest is the repository (pytest-dev/pytest rows): its modules are the code under test, which
+# its own tests monkeypatch (``_pytest.doctest.CHECKER_CLASS``, ``_pytest.assertion.util.istext``...)
+# and which the agent may change on disk anyway: the snapshot leaves them out.
+PYTEST_ITSELF = ("_pytest", "pytest", "py.test")
 
-    def __init__(self, objects=()):
+
+class Snapshot:
+    """The runner's modules and classes, and ``objects`` (the runtime's own), as they are now;
+    with ``pytest_is_the_repository``, none of pytest's own (:data:`PYTEST_ITSELF`)."""
+
+    def __init__(self, objects=(), pytest_is_the_repository=False):
         self.owners = []  # (name, namespace): a module's or class's __dict__, an object's vars()
         seen = set()
+        left_out = PYTEST_ITSELF if pytest_is_the_repository else ()
         for name, module in sorted(sys.modules.items()):
-            if module is None or not _runner_module(name):
+            if module is None or not _runner_module(name) or name.split(".")[0] in left_out or name in left_out:
                 continue
             self.owners.append((name, vars(module)))
             for cls in _classes_of(name, vars(module), seen):
                 self.owners.append((f"{name}.{cls.__qualname__}", vars(cls)))
         for label, obj in objects:
             self.owners.append((label, vars(obj)))
-        self.modules = {name: module for name, module in sys.modules.items()
-                        if module is not None and _runner_module(name)}
+        watched = {name for name, _ in self.owners}
+        self.modules = {name: module for name, module in sys.modules.items() if name in watched}
         self.configured = {}  # owner -> keys pytest's configuration set (removed again at its end)
         self.take()
 
