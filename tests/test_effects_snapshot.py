@@ -67,6 +67,21 @@ SCRIPT = textwrap.dedent('''
     as_builtin = type("isinstance", (Tag,), {})
     out["tag shadowing a builtin in a module"] = while_running(setter(ns, "isinstance", as_builtin),
                                                                unsetter(ns, "isinstance"))
+    error_module = types.ModuleType("py._error")
+    class Error(EnvironmentError):
+        pass
+    error_module.Error = Error
+    sys.modules["py._error"] = error_module
+    maker = sys.modules["py.error"] = types.ModuleType("py.error")
+    def errno_class(name, bases=(Error,), **extra):
+        return type(name, bases, {"__module__": "py.error", "__doc__": "No such file or directory", **extra})
+    out["errno class cached"] = while_running(setter(maker, "ENOENT", errno_class("ENOENT")), unsetter(maker, "ENOENT"))
+    out["errno class under another name"] = while_running(setter(maker, "EEXIST", errno_class("ENOENT")),
+                                                          unsetter(maker, "EEXIST"))
+    out["errno class with code"] = while_running(setter(maker, "ENOENT", errno_class("ENOENT", __str__=lambda s: "")),
+                                                 unsetter(maker, "ENOENT"))
+    out["errno class of another base"] = while_running(setter(maker, "ENOENT", errno_class("ENOENT", (OSError,))),
+                                                       unsetter(maker, "ENOENT"))
     python_ns = vars(_pytest.python)
     out["warning registry"] = while_running(setter(python_ns, "__warningregistry__", {"version": 0}),
                                             unsetter(python_ns, "__warningregistry__"))
@@ -87,6 +102,11 @@ def test_what_old_pytests_add_is_accepted_and_nothing_like_it():
     assert found["tag with code"] == "py._xmlgen.Namespace.failure was added"
     assert found["tag under another name"] == "py._xmlgen.Namespace.failure was added"
     assert found["tag shadowing a builtin in a module"] == "_pytest.runner.isinstance was added"
+    # py.error's exception classes, made on first use (SWE-bench's pytest-5413), and nothing like them
+    assert found["errno class cached"] is None
+    assert found["errno class under another name"] == "py.error.EEXIST was added"
+    assert found["errno class with code"] == "py.error.ENOENT was added"
+    assert found["errno class of another base"] == "py.error.ENOENT was added"
 
 
 HIDDEN = '''

@@ -19,6 +19,7 @@ Comparisons are by identity (``is``), never ``==``: a replacement can make ``==`
 Standard library only, Python 3.6+.
 """
 
+import errno
 import itertools
 import operator
 import os
@@ -147,7 +148,7 @@ class Snapshot:
                                or not all(map(operator.is_, _chain(map(_values, self.stable)), self.stable_values))))
                 or not all(map(operator.is_, found, self.values))
                 or not all(map(_only_allowed_added, self.volatile))):
-            problem = self._difference(_submodule, added=_cached_tag)
+            problem = self._difference(_submodule, added=_lazy_addition)
             if problem is None:  # only what is allowed changed: the new reference
                 self.take()
             return problem
@@ -214,7 +215,25 @@ def _submodule(value):
 
 
 def _configure_addition(owner, key, value):
-    return _public_namespace_addition(owner, key) or _cached_tag(owner, key, value)
+    return _public_namespace_addition(owner, key) or _lazy_addition(owner, key, value)
+
+
+def _lazy_addition(owner, key, value):
+    return _cached_tag(owner, key, value) or _errno_class(owner, key, value)
+
+
+def _errno_class(owner, key, value):
+    """An exception class the ``py`` library's ``py.error`` makes on first use and caches on itself
+    (``py.error.ENOENT``: pytest's tmpdir and py.path raise them; SWE-bench's pytest-5413): a plain
+    subclass of ``py._error.Error`` (the snapshot's own) named after the errno ``key`` names, with no
+    code. The same class a forger could add does nothing else."""
+    error = getattr(sys.modules.get("py._error"), "Error", None)
+    number = getattr(errno, key, None)
+    if owner != "py.error" or not isinstance(error, type) or type(value) is not type or not isinstance(number, int):
+        return False
+    own = vars(value).keys() - {"__module__", "__doc__", "__dict__", "__weakref__"}
+    return (value.__bases__ == (error,) and not own and vars(value).get("__module__") == "py.error"
+            and value.__name__ == errno.errorcode.get(number, f"UnknownErrno{number}"))
 
 
 def _cached_tag(owner, key, value):
