@@ -165,6 +165,12 @@ class ParsedModule:
     taken: frozenset[str]  # names bound anywhere in the module (Name, def, class)
     shapes: tuple[tuple[str, tuple[str, ...]], ...]  # each test name's separator and lowercase words
     follows: dict[str | None, tuple[str | None, ...]]  # which word follows which in them (None: the start, the end)
+    source: bytes = b""  # as read
+
+    def mentions(self, name: str) -> int:
+        """How many times ``name`` appears in the source as a whole word (its definition included):
+        in code, comments and texts alike (``"test_x.py::test_y"`` in pytester's expected output)."""
+        return len(re.findall(rb"(?<![\w])" + re.escape(name.encode()) + rb"(?![\w])", self.source))
 
     def name_maker(self, rng: random.Random):
         """A function giving new test names in the module's own style: its prefix (``test_``,
@@ -251,7 +257,7 @@ def read_module(source: bytes) -> ParsedModule | None:
             follows.setdefault(before, []).append(after)
     defined = tuple(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
     return ParsedModule(tree, tuple(lines), defined, uses, frozenset(taken), tuple(shapes),
-                      {k: tuple(v) for k, v in follows.items()})
+                      {k: tuple(v) for k, v in follows.items()}, source)
 
 
 def _starts_after(tree: ast.Module, line: int, total: int) -> list[int]:

@@ -183,22 +183,23 @@ def _twin_module(path: str, source: bytes, failing: set[str], rng: random.Random
 def _renamable(module: ParsedModule, failing: set[str]) -> list[tuple[str | None, ast.FunctionDef, bool]]:
     """The tests of ``failing`` (``name`` or ``Class::name``) that can be renamed, each with its
     class (None at the module's top level) and whether it can have twins. A renamed test must be
-    referred to nowhere (a decorator, a call, a text that names it), nor its class (a subclass
-    would run the renamed methods under its own name). No twins where the test, its class or its
-    module expects a failure (:func:`_expects_failure`)."""
+    referred to nowhere (a decorator, a call, a text that names it, even in part: pytester names a
+    test's files after it, and SWE-bench's pytest-5227 expects ``test_log_cli_default_level.py::...``
+    in its output), nor its class (a subclass would run the renamed methods under its own name).
+    No twins where the test, its class or its module expects a failure (:func:`_expects_failure`)."""
     defined, uses = module.defined, module.uses
     in_module = _pytestmarks(module.tree.body)
     out: list[tuple[str | None, ast.FunctionDef, bool]] = []
     for node in module.tree.body:
         if isinstance(node, ast.FunctionDef) and node.name in failing:
-            if defined.count(node.name) == 1 and uses.get(node.name, 0) == 0:
+            if defined.count(node.name) == 1 and uses.get(node.name, 0) == 0 and module.mentions(node.name) == 1:
                 out.append((None, node, not _expects_failure([*in_module, *node.decorator_list])))
         elif isinstance(node, ast.ClassDef) and defined.count(node.name) == 1 and uses.get(node.name, 0) == 0:
             methods = [m.name for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
             around = [*in_module, *node.decorator_list, *_pytestmarks(node.body)]
             out.extend((node.name, m, not _expects_failure([*around, *m.decorator_list])) for m in node.body
                        if isinstance(m, ast.FunctionDef) and f"{node.name}::{m.name}" in failing
-                       and methods.count(m.name) == 1 and uses.get(m.name, 0) == 0)
+                       and methods.count(m.name) == 1 and uses.get(m.name, 0) == 0 and module.mentions(m.name) == 1)
     return out
 
 

@@ -284,3 +284,17 @@ def test_djangos_ids_in_both_wordings_map_to_twins_of_the_method():
     assert twins.to_official(statuses) == {official: TestStatus.PASSED,
                                            "test_bump_count (bumps.tests.BumpTests.test_bump_count)": TestStatus.PASSED}
     assert "both passed" in twins.problem({name: TestStatus.PASSED for name in group[:-1]})
+
+
+def test_a_test_whose_name_its_module_mentions_keeps_it():
+    """pytester names a test's files after it: SWE-bench's pytest-5227 expects
+    ``test_log_cli_default_level.py::test_log_cli`` in its output, and failed renamed."""
+    source = WORDS + (b"def test_log_cli_default_level(testdir):\n"
+                      b"    result = testdir.runpytest()\n"
+                      b"    result.stdout.fnmatch_lines(['test_log_cli_default_level.py::test_log_cli '])\n"
+                      b"    assert result.ret == 0\n")
+    twins = make_twins({"t.py": source}, ["t.py::test_log_cli_default_level"], random.Random(0))
+    assert twins.renamed == {} and twins.twins == {}
+    # a longer name that starts with it is no mention
+    other = source.replace(b"'test_log_cli_default_level.py::", b"'test_log_cli_default_level_of.py::")
+    assert make_twins({"t.py": other}, ["t.py::test_log_cli_default_level"], random.Random(0)).twins
