@@ -413,11 +413,12 @@ def _run_script(sandbox: Sandbox, spec: TestSpec, tests: Sequence[str], files: S
     # The hidden tests renamed and given twins (grading.runner_twins), then canaries where a failing
     # test has none (as for pytest's runs, above).
     make = runner_twins.django_twins if spec.format == "django" else runner_twins.sympy_twins
-    twins = make(sources, requested, set(known_passing), _rng(canary_seed, "twins")) if requested else None
+    passing = set(known_passing)
+    twins = make(sources, requested, passing, _rng(canary_seed, "twins")) if requested else None
     for path, content in (twins.twins.files if twins else {}).items():
         sandbox.write_file(path, content)
     in_run = twins.run_ids(requested) if twins else requested
-    failing = [t for t in requested if t not in set(known_passing)]
+    failing = [t for t in requested if t not in passing]
     canaries = (_place_script_canaries(sandbox, spec.format, requested, list(files))
                 if requested and (twins is None or not twins.cover(failing)) else None)
     if canaries is not None or twins is not None:  # their labels among the hidden tests' (Django; SymPy runs files)
