@@ -17,8 +17,9 @@ wording the runner used; twins' ids are dropped from the results once checked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from patchgym.grading import runners
 from patchgym.grading.canary_copies import read_module
@@ -28,13 +29,18 @@ from patchgym.grading.twins import Twins, make_twins
 
 @dataclass
 class RunnerTwins:
-    """Twins made for a runner's run: ``twins`` by their ``path::...`` ids, and each id the runner
-    may report for a renamed test or a twin (every wording) -> that ``path::...`` id."""
+    """Twins made for a runner's run: ``twins`` by their ``path::...`` ids, each official id that
+    was renamed -> its ``path::...`` id, and each ``path::...`` id (official, renamed, twin) -> the
+    ids the runner may report for it (every wording)."""
 
     twins: Twins
-    reported: dict[str, str] = field(default_factory=dict)
-    official: dict[str, str] = field(default_factory=dict)  # an official id -> its path::... id
-    wordings: dict[str, list[str]] = field(default_factory=dict)  # a path::... run id -> the runner's ids for it
+    official: dict[str, str]
+    wordings: dict[str, list[str]]
+
+    @functools.cached_property
+    def reported(self) -> dict[str, str]:
+        """Each id the runner may report for a renamed test or a twin -> its ``path::...`` id."""
+        return {said: run_id for run_id, words in self.wordings.items() for said in words}
 
     def cover(self, failing: Iterable[str]) -> bool:
         """Whether every one of ``failing`` (official ids) has twins."""
@@ -90,6 +96,14 @@ def _unambiguous(twins: Twins, sources: dict[str, bytes | None], bare: bool) -> 
                    for path, module in modules.items() if module is not None and not run_id.startswith(path + "::"))
 
 
+def _made(twins: Twins, official: dict[str, str], wordings: Callable[[str], list[str]]) -> RunnerTwins:
+    """``official`` (official id -> ``path::...`` id) kept where it was renamed, and the runner's
+    ``wordings`` of every ``path::...`` id the run knows."""
+    return RunnerTwins(twins, {t: i for t, i in official.items() if i in twins.renamed},
+                       {run_id: wordings(run_id) for run_id in (*twins.renamed, *twins.renamed.values(),
+                                                                *twins.original)})
+
+
 def sympy_twins(sources: dict[str, bytes | None], tests: Sequence[str], passing: set[str],
                 rng) -> RunnerTwins | None:
     """Twins for SymPy's runner: ``tests`` are bare names, ``sources`` the test patch's modules as
@@ -99,12 +113,7 @@ def sympy_twins(sources: dict[str, bytes | None], tests: Sequence[str], passing:
     twins = make_twins(sources, list(official.values()), rng)
     if not twins.renamed or not _unambiguous(twins, sources, bare=True):
         return None
-    result = RunnerTwins(twins, official={t: i for t, i in official.items() if i in twins.renamed})
-    for run_id in (*twins.renamed, *twins.renamed.values(), *twins.original):
-        name = run_id.rpartition("::")[2]
-        result.wordings[run_id] = [name]
-        result.reported[name] = run_id
-    return result
+    return _made(twins, official, lambda run_id: [run_id.rpartition("::")[2]])
 
 
 def django_twins(sources: dict[str, bytes | None], tests: Sequence[str], passing: set[str],
@@ -123,11 +132,10 @@ def django_twins(sources: dict[str, bytes | None], tests: Sequence[str], passing
     if not twins.renamed or not _unambiguous(twins, sources, bare=False):
         return None
     labels = {path: label for label, path in modules.items()}
-    result = RunnerTwins(twins, official={t: i for t, i in official.items() if i in twins.renamed})
-    for run_id in (*twins.renamed, *twins.renamed.values(), *twins.original):
+
+    def wordings(run_id: str) -> list[str]:
         path, class_name, name = run_id.split("::")
         where = f"{labels[path]}.{class_name}"
-        result.wordings[run_id] = [f"{name} ({where})", f"{name} ({where}.{name})"]
-        for wording in result.wordings[run_id]:
-            result.reported[wording] = run_id
-    return result
+        return [f"{name} ({where})", f"{name} ({where}.{name})"]
+
+    return _made(twins, official, wordings)
